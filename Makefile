@@ -1,0 +1,29 @@
+# Two entry points, each self-sufficient on a fresh machine:
+#   make demo   creates .venv, installs xlm_jax with its data extra, trains on the embedded demo corpus
+#   make test   creates .venv, installs xlm_jax with data+test extras, runs the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# The CPU build of PyTorch, installed before `transformers` so that pip does not pull the CUDA build.
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test install clean
+
+$(VENV)/.installed: setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e ".[data,test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(PY) -m xlm_jax.demo --model_dir=demo_output
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) demo_output
