@@ -1,0 +1,91 @@
+"""Config validation, the encoder's bad-input errors, and import hygiene (no TensorFlow)."""
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from xlm_jax.models.config import SIZES, ModelConfig, get_config
+from xlm_jax.models.transformer import Transformer, default_positions, fairseq_position_ids
+
+
+def test_named_sizes():
+    base = get_config("base")
+    assert (base.num_layers, base.hidden_size, base.mlp_dim, base.num_heads, base.vocab_size) == (
+        12, 768, 3072, 12, 250002)
+    assert (get_config("large").num_layers, get_config("large").hidden_size) == (24, 1024)
+    assert (get_config("xl").num_layers, get_config("xl").mlp_dim, get_config("xl").num_heads) == (
+        48, 6144, 24)
+    assert get_config("small").num_layers == 6
+    assert base.max_sequence_length == 512 and base.layer_norm_eps == 1e-5
+
+
+def test_unknown_size_lists_valid_ones():
+    with pytest.raises(ValueError) as e:
+        get_config("huge")
+    for name in SIZES:
+        assert name in str(e.value)
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("hidden_size", 130, "divisible by num_heads"),
+    ("position_type", "rotary", "absolute, relative, both"),
+    ("dtype", "float8", "float32"),
+    ("dropout_rate", 1.5, "[0, 1)"),
+    ("num_layers", 0, "positive"),
+])
+def test_config_validation(field, value, needle):
+    with pytest.raises(ValueError) as e:
+        get_config("tiny", **{field: value})
+    assert field in str(e.value) and needle in str(e.value)
+
+
+def test_unknown_override_field():
+    with pytest.raises(ValueError, match="unknown ModelConfig field"):
+        get_config("tiny", hiden_size=3)
+
+
+def test_positions_follow_fairseq():
+    ids = np.array([[0, 7, 8, 2, 1, 1]])
+    valid = ids != 1
+    pos = fairseq_position_ids(default_positions(valid), valid, pad_id=1)
+    # HF: cumsum(ids != pad) * (ids != pad) + pad
+    hf = np.cumsum(valid, axis=1) * valid + 1
+    np.testing.assert_array_equal(np.asarray(pos), hf)
+
+
+def test_too_long_sequence_is_a_clear_error():
+    cfg = get_config("tiny", vocab_size=50, num_layers=1, max_positions=10)
+    model = Transformer(cfg)
+    ids = np.full((1, 9), 5, np.int32)
+    with pytest.raises(ValueError, match="sequence length 9 exceeds the position table"):
+        model.init(jax.random.PRNGKey(0), ids)
+
+
+def test_embed_without_spm_says_where_it_looked(tmp_path):
+    import xlm_jax
+    from xlm_jax.convert import hf
+
+    cfg = ModelConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32,
+                      max_positions=20)
+    model = Transformer(cfg)
+    import flax.linen as nn
+
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), np.ones((1, 4), np.int32))["params"])
+    hf.save_xlm_jax(str(tmp_path / "m"), cfg, jax.tree_util.tree_map(np.asarray, params))
+    enc = xlm_jax.load_encoder(str(tmp_path / "m"))
+    with pytest.raises(FileNotFoundError) as e:
+        enc.embed(["hello"], layer=1)
+    assert str(tmp_path / "m" / "sentencepiece.bpe.model") in str(e.value)
+    assert str(tmp_path / "m" / "spm.model") in str(e.value)
+
+
+def test_core_imports_without_tensorflow():
+    code = ("import sys; import xlm_jax, xlm_jax.models.transformer, xlm_jax.encoder, "
+            "xlm_jax.convert.hf, xlm_jax.train.partitioning; "
+            "xlm_jax.load_encoder; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'seqio')]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -1,0 +1,122 @@
+"""Model configuration: one frozen dataclass, named sizes, validated on creation.
+
+Every field has a comment saying what it controls; `get_config("base", dropout_rate=0.0)`
+returns a named size with overrides. Sizes follow the papers: `base`/`large` are XLM-R's,
+`xl` is XLM-R XL's, `small` is the 6-layer model used for quick ablations and `tiny` runs on a
+CPU in minutes (the demo).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+POSITION_TYPES = ("absolute", "relative", "both")
+LN_STYLES = ("post", "pre")
+ATTENTION_BACKENDS = ("xla", "cudnn")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Sizes and switches of the encoder (and of VECO's optional cross-attention)."""
+
+    vocab_size: int = 250002  # XLM-R: 250000 SentencePiece pieces + <pad> + <mask>
+    hidden_size: int = 768  # d_model
+    num_layers: int = 12  # encoder layers
+    num_heads: int = 12  # attention heads; hidden_size must divide evenly
+    mlp_dim: int = 3072  # FFN inner size
+    max_positions: int = 514  # rows of the absolute position table (fairseq: 512 + pad offset 2)
+    pad_id: int = 1  # fairseq/XLM-R <pad>; also the position padding index
+    type_vocab_size: int = 1  # XLM-R keeps a token-type table of one row
+    num_languages: int = 0  # >0 adds a language embedding table (XLM/ERNIE-M placeholders)
+    dropout_rate: float = 0.1  # hidden dropout (embeddings, attention output, FFN output)
+    attention_dropout_rate: float = 0.1  # dropout on attention probabilities
+    layer_norm_eps: float = 1e-5  # XLM-R's config.json value (not the BERT 1e-12 default)
+    ln_style: str = "post"  # "post" (XLM-R) or "pre" (adds a final LayerNorm)
+    position_type: str = "absolute"  # "absolute" (fairseq table) | "relative" (gated bias) | "both"
+    relative_buckets: int = 32  # T5-style bidirectional log buckets for the gated bias
+    relative_max_distance: int = 128  # distance at which buckets saturate
+    share_relative_table: bool = True  # one bucket table for all layers (else one per layer)
+    cross_attention: bool = False  # VECO: every layer also owns a cross-attention block
+    attention_backend: str = "xla"  # "xla" (reference) or "cudnn" (GPU fused, falls back with a log)
+    dtype: str = "float32"  # compute dtype of activations: float32 | bfloat16 | float16
+    param_dtype: str = "float32"  # storage dtype of parameters (keep fp32 for training)
+    initializer_range: float = 0.02  # stddev of the normal initialiser (BERT/XLM-R)
+
+    def __post_init__(self) -> None:
+        def bad(field: str, value: Any, why: str) -> ValueError:
+            return ValueError(f"ModelConfig.{field}={value!r}: {why}")
+
+        for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
+                      "max_positions", "type_vocab_size", "relative_buckets",
+                      "relative_max_distance"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value <= 0:
+                raise bad(field, value, "must be a positive integer")
+        if self.hidden_size % self.num_heads:
+            raise bad("hidden_size", self.hidden_size,
+                      f"must be divisible by num_heads={self.num_heads}")
+        if self.num_languages < 0:
+            raise bad("num_languages", self.num_languages, "must be >= 0")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise bad("pad_id", self.pad_id, f"must be in [0, vocab_size={self.vocab_size})")
+        if self.position_type in ("absolute", "both") and self.max_positions <= self.pad_id + 1:
+            raise bad("max_positions", self.max_positions,
+                      f"must exceed pad_id + 1 = {self.pad_id + 1} (fairseq offset)")
+        for field in ("dropout_rate", "attention_dropout_rate"):
+            value = getattr(self, field)
+            if not 0.0 <= value < 1.0:
+                raise bad(field, value, "must be in [0, 1)")
+        for field, valid in (("ln_style", LN_STYLES), ("position_type", POSITION_TYPES),
+                             ("attention_backend", ATTENTION_BACKENDS),
+                             ("dtype", tuple(DTYPES)), ("param_dtype", tuple(DTYPES))):
+            if getattr(self, field) not in valid:
+                raise bad(field, getattr(self, field), f"must be one of {', '.join(valid)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def max_sequence_length(self) -> int | None:
+        """Longest input the absolute position table admits (None: no absolute table)."""
+        if self.position_type == "relative":
+            return None
+        return self.max_positions - self.pad_id - 1
+
+    @property
+    def compute_dtype(self) -> Any:
+        return DTYPES[self.dtype]
+
+    @property
+    def params_dtype(self) -> Any:
+        return DTYPES[self.param_dtype]
+
+    def replace(self, **overrides: Any) -> "ModelConfig":
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"unknown ModelConfig field(s): {', '.join(unknown)}")
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SIZES: dict[str, dict[str, Any]] = {
+    # A CPU-demo model: trains in minutes on 2 cores.
+    "tiny": dict(hidden_size=128, num_layers=4, num_heads=4, mlp_dim=512, vocab_size=8002,
+                 max_positions=258),
+    "small": dict(hidden_size=768, num_layers=6, num_heads=12, mlp_dim=3072),
+    "base": dict(hidden_size=768, num_layers=12, num_heads=12, mlp_dim=3072),
+    "large": dict(hidden_size=1024, num_layers=24, num_heads=16, mlp_dim=4096),
+    "xl": dict(hidden_size=1536, num_layers=48, num_heads=24, mlp_dim=6144),
+}
+
+
+def get_config(size: str = "base", **overrides: Any) -> ModelConfig:
+    """A named size (`tiny|small|base|large|xl`) with field overrides, validated."""
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; valid sizes: {', '.join(SIZES)}")
+    return ModelConfig().replace(**{**SIZES[size], **overrides})

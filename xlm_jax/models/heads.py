@@ -1,0 +1,96 @@
+"""Output heads and pooling: tied MLM head, per-token binary (RTD) head, projection, pooling.
+
+The MLM head is evaluated on gathered positions by `Transformer.mlm_logits`; it never sees the
+full [B, T, D] sequence during training, which saves the 250k-vocab matmul at unmasked tokens.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from xlm_jax.models.config import ModelConfig
+
+Array = jax.Array
+POOLING = ("cls", "mean")
+
+
+def _gelu(x: Array) -> Array:
+    return nn.gelu(x, approximate=False)
+
+
+def _init(cfg: ModelConfig, names: tuple[str, ...]) -> nn.initializers.Initializer:
+    return nn.with_logical_partitioning(nn.initializers.normal(cfg.initializer_range), names)
+
+
+def _zeros(names: tuple[str, ...]) -> nn.initializers.Initializer:
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+def _layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+        bias_init=_zeros(("embed",)), name=name)
+
+
+class MLMHead(nn.Module):
+    """XLM-R LM head: dense -> exact GELU -> LayerNorm -> tied decoder (word embeddings) + bias."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: Array, word_embeddings: nn.Embed) -> Array:
+        cfg = self.config
+        x = nn.Dense(cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+                     kernel_init=_init(cfg, ("embed", "embed_proj")),
+                     bias_init=_zeros(("embed_proj",)), name="dense")(x)
+        x = _layer_norm(cfg, "LayerNorm")(_gelu(x))
+        logits = word_embeddings.attend(x.astype(cfg.compute_dtype))
+        bias = self.param("bias", _zeros(("vocab",)), (cfg.vocab_size,), cfg.params_dtype)
+        logits = logits.astype(jnp.float32) + jnp.asarray(bias, jnp.float32)
+        return nn.with_logical_constraint(
+            logits, ("activation_batch", "activation_length", "activation_vocab"))
+
+
+class RTDHead(nn.Module):
+    """ELECTRA discriminator head: dense -> GELU -> dense(1); returns per-token logits [B, T]."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.config
+        x = nn.Dense(cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+                     kernel_init=_init(cfg, ("embed", "embed_proj")),
+                     bias_init=_zeros(("embed_proj",)), name="dense")(x)
+        x = nn.Dense(1, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+                     kernel_init=_init(cfg, ("embed_proj", "scalar")),
+                     bias_init=_zeros(("scalar",)), name="out")(_gelu(x))
+        return x[..., 0].astype(jnp.float32)
+
+
+class ProjectionHead(nn.Module):
+    """Linear d -> features projection (InfoXLM's XLCo head has no bias and no activation)."""
+
+    config: ModelConfig
+    features: int | None = None
+    use_bias: bool = False
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.config
+        return nn.Dense(self.features or cfg.hidden_size, use_bias=self.use_bias,
+                        dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+                        kernel_init=_init(cfg, ("embed", "embed_proj")),
+                        bias_init=_zeros(("embed_proj",)), name="dense")(x)
+
+
+def pool(hidden: Array, valid: Array, kind: str = "mean") -> Array:
+    """Sentence vectors [B, D] from [B, T, D]: `cls` = first token, `mean` = mean over `valid`."""
+    if kind == "cls":
+        return hidden[:, 0]
+    if kind == "mean":
+        w = valid.astype(hidden.dtype)[..., None]
+        return (hidden * w).sum(axis=1) / jnp.maximum(w.sum(axis=1), 1.0)
+    raise ValueError(f"unknown pooling {kind!r}; valid: {', '.join(POOLING)}")

@@ -1,0 +1,303 @@
+"""The encoder: XLM-R embeddings, post-/pre-LN layers with optional cross-attention, the stack.
+
+One module serves every objective:
+- MMLM/TLM/XLCo/ELECTRA call `Transformer.encode` with the default padding/packing mask;
+- CAMLM and BTMLM pass their own boolean `attention_mask` built by `xlm_jax.models.masks`;
+- VECO passes `encoder_states` (and `cross_mask`) so each layer's cross-attention block runs,
+  and a causal `attention_mask` for CS-MLM; without `encoder_states` the same layers run as a
+  plain encoder, which is how VECO is reassembled for NLU.
+
+Parameter names follow a fixed tree (`embeddings/...`, `layers_{i}/attention/query/...`) that the
+HF converter and the optimiser's weight-decay/LLRD rules rely on. Every parameter carries logical
+axis names; `xlm_jax.train.partitioning.standard_logical_axis_rules` maps them onto the mesh.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from xlm_jax.models import attention as attention_lib
+from xlm_jax.models import heads as heads_lib
+from xlm_jax.models import masks as masks_lib
+from xlm_jax.models import position as position_lib
+from xlm_jax.models.config import ModelConfig
+
+Array = jax.Array
+
+
+def gelu(x: Array) -> Array:
+    """Exact erf GELU, as XLM-R/BERT use (flax's default `nn.gelu` is the tanh approximation)."""
+    return nn.gelu(x, approximate=False)
+
+
+def _init(cfg: ModelConfig, names: tuple[str, ...]) -> Any:
+    return nn.with_logical_partitioning(nn.initializers.normal(cfg.initializer_range), names)
+
+
+def _zeros(names: tuple[str, ...]) -> Any:
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+        bias_init=_zeros(("embed",)), name=name)
+
+
+def constrain(x: Array, names: tuple[str, ...]) -> Array:
+    """Activation sharding constraint by logical names (a no-op outside a mesh/rules context)."""
+    return nn.with_logical_constraint(x, names)
+
+
+@flax.struct.dataclass
+class EncoderOutput:
+    """What `Transformer.encode` returns.
+
+    last_hidden_state: [B, T, D] output of the last layer (after the final LN for pre-LN).
+    hidden_states: tuple of num_layers + 1 arrays [B, T, D] (index 0 = embeddings output) when
+      requested, else None.
+    """
+
+    last_hidden_state: Array
+    hidden_states: tuple[Array, ...] | None = None
+
+
+def fairseq_position_ids(positions: Array, valid: Array, pad_id: int) -> Array:
+    """0-based positions -> rows of the fairseq table: real tokens start at pad_id + 1."""
+    return jnp.where(valid, positions + pad_id + 1, pad_id)
+
+
+def default_positions(valid: Array) -> Array:
+    """0-based positions of the real tokens (HF: cumsum(ids != pad) - 1), 0 at padding."""
+    return jnp.where(valid, jnp.cumsum(valid.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+class Embeddings(nn.Module):
+    """Word + fairseq-offset position + token-type (+ language) embeddings, then LN, dropout."""
+
+    config: ModelConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        embed = functools.partial(nn.Embed, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype)
+        self.word_embeddings = embed(cfg.vocab_size, cfg.hidden_size,
+                                     embedding_init=_init(cfg, ("vocab", "embed")))
+        if cfg.position_type in ("absolute", "both"):
+            self.position_embeddings = embed(cfg.max_positions, cfg.hidden_size,
+                                             embedding_init=_init(cfg, ("abspos", "embed")))
+        self.token_type_embeddings = embed(cfg.type_vocab_size, cfg.hidden_size,
+                                           embedding_init=_init(cfg, ("token_type", "embed")))
+        if cfg.num_languages:
+            self.lang_embeddings = embed(cfg.num_languages, cfg.hidden_size,
+                                         embedding_init=_init(cfg, ("languages", "embed")))
+        self.LayerNorm = layer_norm(cfg, "LayerNorm")
+        self.dropout = nn.Dropout(cfg.dropout_rate)
+
+    def __call__(self, input_ids: Array, positions: Array, valid: Array,
+                 token_type_ids: Array | None, lang_ids: Array | None,
+                 deterministic: bool) -> Array:
+        cfg = self.config
+        x = self.word_embeddings(input_ids)
+        if cfg.position_type in ("absolute", "both"):
+            x = x + self.position_embeddings(fairseq_position_ids(positions, valid, cfg.pad_id))
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        x = x + self.token_type_embeddings(token_type_ids)
+        if cfg.num_languages:
+            if lang_ids is None:
+                raise ValueError("this model has language embeddings (num_languages="
+                                 f"{cfg.num_languages}) but no lang_ids were given")
+            x = x + self.lang_embeddings(lang_ids)
+        x = self.LayerNorm(x)
+        x = self.dropout(x, deterministic=deterministic)
+        return constrain(x, ("activation_batch", "activation_length", "activation_embed"))
+
+
+class MultiHeadAttention(nn.Module):
+    """Self- or cross-attention: q/k/v projections, optional gated relative bias, output proj."""
+
+    config: ModelConfig
+    gated_bias: bool = False  # XLM-E gated relative position bias on this block
+
+    @nn.compact
+    def __call__(self, x: Array, kv_input: Array, mask: Array | None,
+                 relative_table: Array | None, deterministic: bool) -> Array:
+        cfg = self.config
+        proj = functools.partial(
+            nn.DenseGeneral, features=(cfg.num_heads, cfg.head_dim), axis=-1,
+            dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+            kernel_init=_init(cfg, ("embed", "heads", "kv")), bias_init=_zeros(("heads", "kv")))
+        q = proj(name="query")(x)
+        k = proj(name="key")(kv_input)
+        v = proj(name="value")(kv_input)
+        names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
+        q, k, v = (constrain(t, names) for t in (q, k, v))
+        bias = None
+        if self.gated_bias:
+            if relative_table is None:
+                raise ValueError("gated relative bias needs the bucket table values")
+            bias = position_lib.GatedRelativeBias(
+                num_heads=cfg.num_heads, head_dim=cfg.head_dim, name="gated_bias")(q, relative_table)
+        dropout_rng = None
+        if not deterministic and cfg.attention_dropout_rate > 0:
+            dropout_rng = self.make_rng("dropout")
+        out = attention_lib.dot_product_attention(
+            q, k, v, bias=bias, mask=mask, backend=cfg.attention_backend,
+            dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng,
+            deterministic=deterministic)
+        out = nn.DenseGeneral(
+            features=cfg.hidden_size, axis=(-2, -1), dtype=cfg.compute_dtype,
+            param_dtype=cfg.params_dtype, kernel_init=_init(cfg, ("heads", "kv", "embed")),
+            bias_init=_zeros(("embed",)), name="out")(out)
+        return constrain(out, ("activation_batch", "activation_length", "activation_embed"))
+
+
+class MlpBlock(nn.Module):
+    """Position-wise FFN: dense -> exact GELU -> dense."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.config
+        dense = functools.partial(nn.Dense, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype)
+        h = dense(cfg.mlp_dim, kernel_init=_init(cfg, ("embed", "mlp")),
+                  bias_init=_zeros(("mlp",)), name="intermediate")(x)
+        h = constrain(gelu(h), ("activation_batch", "activation_length", "activation_mlp"))
+        return dense(cfg.hidden_size, kernel_init=_init(cfg, ("mlp", "embed")),
+                     bias_init=_zeros(("embed",)), name="output")(h)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention, optional cross-attention (VECO), FFN; post-LN (XLM-R) or pre-LN."""
+
+    config: ModelConfig
+
+    def _sublayer(self, x: Array, fn: Any, norm: nn.Module, drop: nn.Dropout,
+                  deterministic: bool) -> Array:
+        if self.config.ln_style == "pre":
+            return x + drop(fn(norm(x)), deterministic=deterministic)
+        return norm(x + drop(fn(x), deterministic=deterministic))
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array | None, relative_table: Array | None,
+                 deterministic: bool, encoder_states: Array | None = None,
+                 cross_mask: Array | None = None) -> Array:
+        cfg = self.config
+        drop = nn.Dropout(cfg.dropout_rate)
+        gated = cfg.position_type in ("relative", "both")
+        attn = MultiHeadAttention(cfg, gated_bias=gated, name="attention")
+        x = self._sublayer(x, lambda h: attn(h, h, mask, relative_table, deterministic),
+                           layer_norm(cfg, "attention_norm"), drop, deterministic)
+        if cfg.cross_attention:
+            cross = MultiHeadAttention(cfg, name="cross_attention")
+            cross_norm = layer_norm(cfg, "cross_attention_norm")
+            if encoder_states is not None:
+                x = self._sublayer(
+                    x, lambda h: cross(h, encoder_states, cross_mask, None, deterministic),
+                    cross_norm, drop, deterministic)
+            elif self.is_initializing():
+                # Create the cross-attention parameters even when initialising encoder-only.
+                cross(x, x, None, None, True)
+                cross_norm(x)
+        elif encoder_states is not None:
+            raise ValueError("encoder_states given but the config has cross_attention=False")
+        mlp = MlpBlock(cfg, name="mlp")
+        return self._sublayer(x, mlp, layer_norm(cfg, "mlp_norm"), drop, deterministic)
+
+
+class Transformer(nn.Module):
+    """XLM-R-compatible encoder with a tied MLM head evaluated only at given positions.
+
+    `encode` returns an `EncoderOutput`; `mlm_logits(hidden, positions)` computes the vocabulary
+    logits at `positions` [B, P] only, so training never builds a [B, T, V] tensor.
+    """
+
+    config: ModelConfig
+    with_mlm_head: bool = True
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.embeddings = Embeddings(cfg)
+        if cfg.position_type in ("relative", "both"):
+            table = functools.partial(
+                position_lib.RelativePositionTable, num_heads=cfg.num_heads,
+                num_buckets=cfg.relative_buckets, max_distance=cfg.relative_max_distance)
+            if cfg.share_relative_table:
+                self.rel_pos = table()
+            else:
+                self.rel_pos_layers = [table(name=f"rel_pos_{i}") for i in range(cfg.num_layers)]
+        self.layers = [EncoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+        if cfg.ln_style == "pre":
+            self.final_norm = layer_norm(cfg, "final_norm")
+        if self.with_mlm_head:
+            self.mlm_head = heads_lib.MLMHead(cfg)
+
+    def __call__(self, input_ids: Array, **kwargs: Any) -> EncoderOutput:
+        out = self.encode(input_ids, **kwargs)
+        if self.with_mlm_head and self.is_initializing():
+            self.mlm_logits(out.last_hidden_state, jnp.zeros(input_ids.shape[:1] + (1,), jnp.int32))
+        return out
+
+    def encode(self, input_ids: Array, *, positions: Array | None = None,
+               attention_mask: Array | None = None, segment_ids: Array | None = None,
+               token_type_ids: Array | None = None, lang_ids: Array | None = None,
+               encoder_states: Array | None = None, cross_mask: Array | None = None,
+               deterministic: bool = True, return_hidden_states: bool = False) -> EncoderOutput:
+        """Runs the stack.
+
+        Args:
+          input_ids: [B, T] fairseq ids (pad = config.pad_id).
+          positions: [B, T] 0-based positions (restarting per packed example); default: counted
+            over the non-pad tokens as XLM-R does.
+          attention_mask: bool [B, 1|H, T, T] visibility (True = may attend); default: padding,
+            or packing segments when `segment_ids` is given.
+          segment_ids: [B, T] packing ids (0 = padding).
+          token_type_ids, lang_ids: [B, T] optional extra embeddings.
+          encoder_states, cross_mask: VECO cross-attention memory [B, S, D] and bool [B,1,T,S].
+          deterministic: disables dropout.
+          return_hidden_states: also return every layer's output.
+        """
+        cfg = self.config
+        seq_len = input_ids.shape[-1]
+        if cfg.max_sequence_length is not None and seq_len > cfg.max_sequence_length:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds the position table: max_positions="
+                f"{cfg.max_positions} admits at most {cfg.max_sequence_length} tokens")
+        valid = segment_ids > 0 if segment_ids is not None else input_ids != cfg.pad_id
+        if positions is None:
+            positions = default_positions(valid)
+        if attention_mask is None:
+            attention_mask = (masks_lib.segment_mask(segment_ids) if segment_ids is not None
+                              else masks_lib.padding_mask(valid))
+        x = self.embeddings(input_ids, positions, valid, token_type_ids, lang_ids, deterministic)
+        shared_table = None
+        if cfg.position_type in ("relative", "both") and cfg.share_relative_table:
+            shared_table = self.rel_pos(positions, positions)
+        hidden = [x]
+        for i, layer in enumerate(self.layers):
+            table = shared_table
+            if cfg.position_type in ("relative", "both") and not cfg.share_relative_table:
+                table = self.rel_pos_layers[i](positions, positions)
+            x = layer(x, attention_mask, table, deterministic, encoder_states, cross_mask)
+            hidden.append(x)
+        if cfg.ln_style == "pre":
+            x = self.final_norm(x)
+            hidden[-1] = x
+        return EncoderOutput(last_hidden_state=x,
+                             hidden_states=tuple(hidden) if return_hidden_states else None)
+
+    def mlm_logits(self, hidden: Array, positions: Array) -> Array:
+        """Tied-decoder MLM logits [B, P, V] (float32) at `positions` [B, P] of `hidden`."""
+        gathered = jnp.take_along_axis(hidden, positions[..., None], axis=1)
+        return self.mlm_head(gathered, self.embeddings.word_embeddings)
+
+    def full_mlm_logits(self, hidden: Array) -> Array:
+        """Logits at every position [B, T, V] — for evaluation/parity only, never in training."""
+        return self.mlm_head(hidden, self.embeddings.word_embeddings)

@@ -1,0 +1,122 @@
+"""Device mesh from named axes and the logical-axis rule table.
+
+Layers annotate parameters with logical names (`embed`, `mlp`, `heads`, `kv`, `vocab`, ...) and
+activations with `activation_*` names; the rule table below maps each logical name to mesh axes
+(`data`, `fsdp`, `tensor`). The mesh is built from named axis sizes only — never from a TPU
+topology — so the same gin file runs on CPU, GPU and TPU (t5x#410 broke GPU by doing otherwise).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+Rules = tuple[tuple[str, Any], ...]
+
+
+def standard_logical_axis_rules(overrides: Sequence[tuple[str, Any]] = ()) -> Rules:
+    """Logical name -> mesh axes. `overrides` entries replace the rule of the same name.
+
+    Parameters: the model dimension `embed` is sharded over `fsdp` (ZeRO-3 style), and the
+    "wide" dimensions (`mlp`, `heads`, `vocab`) over `tensor` (Megatron style).
+    Activations: the batch over `data` and `fsdp`, hidden features replicated, heads/mlp/vocab
+    features over `tensor`.
+    """
+    rules: dict[str, Any] = {
+        # parameters
+        "embed": "fsdp",
+        "embed_proj": "tensor",
+        "mlp": "tensor",
+        "heads": "tensor",
+        "kv": None,
+        "vocab": "tensor",
+        "abspos": None,
+        "token_type": None,
+        "languages": None,
+        "relpos_buckets": None,
+        "scalar": None,
+        # activations
+        "activation_batch": ("data", "fsdp"),
+        "activation_length": None,
+        "activation_embed": None,
+        "activation_heads": "tensor",
+        "activation_kv": None,
+        "activation_mlp": "tensor",
+        "activation_vocab": "tensor",
+    }
+    for name, axes in overrides:
+        rules[name] = axes
+    return tuple(rules.items())
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Sizes of the named mesh axes; one size may be -1 (= all remaining devices)."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+    def resolve(self, num_devices: int) -> dict[str, int]:
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        free = [k for k, v in sizes.items() if v == -1]
+        if len(free) > 1:
+            raise ValueError(f"mesh {sizes}: at most one axis may be -1")
+        for k, v in sizes.items():
+            if v == 0 or v < -1:
+                raise ValueError(f"mesh axis {k}={v}: sizes must be positive or -1")
+        fixed = math.prod(v for v in sizes.values() if v != -1)
+        if free:
+            if num_devices % fixed:
+                raise ValueError(f"mesh {sizes}: {num_devices} devices are not divisible by "
+                                 f"the fixed axes' product {fixed}")
+            sizes[free[0]] = num_devices // fixed
+        if math.prod(sizes.values()) != num_devices:
+            raise ValueError(f"mesh {sizes} needs {math.prod(sizes.values())} devices, "
+                             f"but {num_devices} are available")
+        return sizes
+
+
+def make_mesh(mesh: MeshConfig | Mapping[str, int] | None = None,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A `Mesh` with axes (data, fsdp, tensor) over `devices` (default: all devices)."""
+    if mesh is None:
+        mesh = MeshConfig()
+    elif isinstance(mesh, Mapping):
+        unknown = sorted(set(mesh) - set(MESH_AXES))
+        if unknown:
+            raise ValueError(f"unknown mesh axes {unknown}; valid: {', '.join(MESH_AXES)}")
+        mesh = MeshConfig(**mesh)
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = mesh.resolve(len(devices))
+    shape = tuple(sizes[a] for a in MESH_AXES)
+    # Processes' devices stay contiguous along the leading (data) axis, so each host feeds
+    # whole data-parallel shards.
+    grid = np.array(devices, dtype=object).reshape(shape)
+    return Mesh(grid, MESH_AXES)
+
+
+def logical_shardings(boxed_tree: Any, mesh: Mesh, rules: Rules) -> Any:
+    """NamedShardings for a tree of `nn.Partitioned` boxes (e.g. from `jax.eval_shape(init)`)."""
+    specs = nn.get_partition_spec(boxed_tree)
+    return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    """Batches are split along their leading axis over `data` x `fsdp`, replicated over tensor."""
+    return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
