@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Pre-training on a Cloud TPU VM slice (v4/v5e/v5p, single host or pod), driven from your laptop.
+#
+# UNTESTED in this repository's CI (no TPU available); `DRY_RUN=1` prints every gcloud command
+# instead of running it, which the test-suite does check.
+#
+# Usage (from the repository root):
+#   export TPU_NAME=my-v4-32 ZONE=us-central2-b [PROJECT=my-project]
+#   launch/tpu_vm.sh setup                 # copy this checkout to every worker, install deps
+#   launch/tpu_vm.sh run --gin_file=gin_configs/runs/X.gin --model_dir=gs://BUCKET/runs/X \
+#       [--gin.NAME=VALUE ...]             # start training on all workers (in the background)
+#   launch/tpu_vm.sh logs                  # follow worker 0's log (WORKER=3 for another)
+#   launch/tpu_vm.sh stop                  # stop the training processes started by `run`
+#
+# How a pod run works: a TPU slice with several hosts is driven by running THE SAME command on
+# every worker (`gcloud ... ssh --worker=all`). On TPU VMs `jax.distributed.initialize()` (which
+# the trainer calls when no --coordinator_address is given) finds the other hosts by itself, so
+# no coordinator flags are needed. Each host feeds its local chips with its own shard of the
+# data. The model_dir must be a gs:// path (or another filesystem every worker sees), because
+# every host writes its shards of each checkpoint there.
+set -euo pipefail
+
+: "${TPU_NAME:?set TPU_NAME to the TPU VM name}"
+: "${ZONE:?set ZONE to the TPU zone, e.g. us-central2-b}"
+REMOTE_DIR="${REMOTE_DIR:-xlm_jax}"           # checkout location on each worker (under ~)
+JAX_TPU_SPEC="${JAX_TPU_SPEC:-jax[tpu]}"      # pip spec for JAX with the TPU runtime
+LOG_FILE="${LOG_FILE:-xlm_jax_train.log}"     # per-worker log (under ~)
+PID_FILE="${PID_FILE:-xlm_jax_train.pid}"     # per-worker pid of the trainer (under ~)
+
+GCLOUD=(gcloud compute tpus tpu-vm)
+COMMON=(--zone="$ZONE")
+if [[ -n "${PROJECT:-}" ]]; then COMMON+=(--project="$PROJECT"); fi
+
+run() {  # run a local command, or print it when DRY_RUN is set
+  if [[ -n "${DRY_RUN:-}" ]]; then
+    printf '+'; printf ' %q' "$@"; echo
+  else
+    "$@"
+  fi
+}
+
+on_workers() {  # on_workers WORKERS 'shell command': run a command over ssh on TPU workers
+  run "${GCLOUD[@]}" ssh "$TPU_NAME" "${COMMON[@]}" --worker="$1" --command="$2"
+}
+
+cmd="${1:-}"
+if [[ $# -gt 0 ]]; then shift; fi
+case "$cmd" in
+  setup)
+    # 1) Pack this checkout (without .git and local environments) and copy it to all workers.
+    archive="${TMPDIR:-/tmp}/xlm_jax_src.$$.tar.gz"
+    run tar czf "$archive" --exclude=.git --exclude=.venv --exclude='*.pyc' .
+    run "${GCLOUD[@]}" scp "$archive" "$TPU_NAME:xlm_jax_src.tar.gz" "${COMMON[@]}" --worker=all
+    run rm -f "$archive"
+    # 2) Unpack and install on every worker: JAX with the TPU runtime, then this package with
+    #    the data extra (seqio/TensorFlow for the input pipeline).
+    on_workers all "set -e; mkdir -p ~/$REMOTE_DIR && tar xzf ~/xlm_jax_src.tar.gz -C ~/$REMOTE_DIR \
+      && cd ~/$REMOTE_DIR && python3 -m pip install -q -U '$JAX_TPU_SPEC' && python3 -m pip install -q -e '.[data]' \
+      && python3 -c 'import jax; print(jax.process_index(), jax.local_device_count(), jax.device_count())'"
+    ;;
+  run)
+    if [[ $# -eq 0 ]]; then
+      echo "tpu_vm.sh run: pass the trainer flags, e.g. --gin_file=gin_configs/runs/X.gin --model_dir=gs://BUCKET/runs/X" >&2
+      exit 2
+    fi
+    # Quote the trainer flags once for the remote shell, then start the trainer under nohup on
+    # every worker (an ssh disconnect must not kill a multi-day run); remember its pid.
+    printf -v flags ' %q' "$@"
+    on_workers all "cd ~/$REMOTE_DIR && nohup python3 -m xlm_jax.train$flags > ~/$LOG_FILE 2>&1 < /dev/null & echo \$! > ~/$PID_FILE; echo \"\$(hostname): started pid \$(cat ~/$PID_FILE), log ~/$LOG_FILE\""
+    ;;
+  logs)
+    on_workers "${WORKER:-0}" "tail -n 100 -F ~/$LOG_FILE"
+    ;;
+  stop)
+    # Stop exactly the processes `run` started (by pid): a leftover trainer keeps the TPU
+    # chips locked and the next run fails with "TPU in use".
+    on_workers all "if [ -f ~/$PID_FILE ]; then kill \$(cat ~/$PID_FILE) 2>/dev/null && echo \"\$(hostname): stopped\"; rm -f ~/$PID_FILE; fi"
+    ;;
+  *)
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac

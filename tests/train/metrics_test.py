@@ -1,0 +1,135 @@
+"""Tests for xlm_jax.train.metrics: TensorBoard events read back by TensorBoard, JSONL, Progress."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+
+from xlm_jax.train import metrics
+
+
+def _read_tb(logdir):
+    acc = event_accumulator.EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_scalars_round_trip_through_tensorboard_and_jsonl(tmp_path):
+    losses = [5.25, 4.5, 3.875, 3.0625]
+    with metrics.MetricsWriter(str(tmp_path), stream=io.StringIO()) as w:
+        for i, loss in enumerate(losses):
+            # numpy scalars (what device_get gives) and python floats are both accepted.
+            w.write_scalars(10 * (i + 1), {"loss": np.float32(loss), "lr": 1e-4 * (i + 1)})
+        w.write_scalars(40, {"loss": 2.5, "accuracy": 0.75}, prefix="eval")
+
+    train = _read_tb(tmp_path / "train")
+    assert sorted(train) == ["loss", "lr"]
+    assert [s for s, _ in train["loss"]] == [10, 20, 30, 40]
+    np.testing.assert_allclose([v for _, v in train["loss"]], losses, rtol=1e-7)
+    np.testing.assert_allclose([v for _, v in train["lr"]], [1e-4, 2e-4, 3e-4, 4e-4], rtol=1e-6)
+    assert _read_tb(tmp_path / "eval") == {"loss": [(40, 2.5)], "accuracy": [(40, 0.75)]}
+
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 5
+    assert lines[0] == {"step": 10, "split": "train", "loss": 5.25, "lr": 1e-4}
+    assert lines[-1] == {"step": 40, "split": "eval", "loss": 2.5, "accuracy": 0.75}
+
+
+def test_jsonl_appends_across_writers_and_eval_is_echoed(tmp_path):
+    out = io.StringIO()
+    w = metrics.MetricsWriter(str(tmp_path), stream=out)
+    w.write_scalars(1, {"loss": 1.0})
+    w.close()
+    w.close()  # idempotent
+    w2 = metrics.MetricsWriter(str(tmp_path), stream=out)  # a restart appends
+    w2.write_scalars(2, {"xnli_acc": 0.8125}, prefix="eval")
+    w2.close()
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+    assert out.getvalue() == "[eval] step 2: xnli_acc=0.8125\n"
+    with pytest.raises(RuntimeError, match="closed"):
+        w2.write_scalars(3, {"loss": 1.0})
+
+
+def test_non_primary_writes_nothing(tmp_path):
+    out = io.StringIO()
+    model_dir = tmp_path / "run"
+    w = metrics.MetricsWriter(str(model_dir), is_primary=False, stream=out)
+    w.write_scalars(1, {"loss": 1.0})
+    w.write_scalars(1, {"acc": 1.0}, prefix="eval")
+    w.close()
+    p = metrics.Progress(10, stream=out, log_every=1, is_primary=False)
+    p.update(10, {"loss": 1.0})
+    p.close()
+    assert not model_dir.exists()
+    assert out.getvalue() == ""
+
+
+def test_bad_values_and_dirs_name_the_problem(tmp_path):
+    w = metrics.MetricsWriter(str(tmp_path / "ok"), stream=io.StringIO())
+    with pytest.raises(ValueError, match=r"metric 'loss': value 'high' is not a scalar number"):
+        w.write_scalars(1, {"loss": "high"})
+    with pytest.raises(ValueError, match=r"metric 'v': value .* is not a scalar number"):
+        w.write_scalars(1, {"v": np.ones(3)})
+    with pytest.raises(ValueError, match=r"prefix '../x' must be a plain directory name"):
+        w.write_scalars(1, {"loss": 1.0}, prefix="../x")
+    w.close()
+    blocker = tmp_path / "file"
+    blocker.write_text("not a dir")
+    with pytest.raises(OSError, match=r"metrics: cannot write to model_dir '.*file/run'"):
+        metrics.MetricsWriter(str(blocker / "run"))
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty):
+        super().__init__()
+        self._tty = tty
+
+    def isatty(self):
+        return self._tty
+
+
+def test_progress_plain_lines_every_n_steps():
+    out = _Stream(tty=False)
+    p = metrics.Progress(25, stream=out, log_every=10)
+    for step in range(1, 26):
+        p.update(step, {"loss": 2.0})
+    p.close()
+    lines = out.getvalue().splitlines()
+    assert [ln.split()[1] for ln in lines] == ["10/25", "20/25", "25/25"]
+    assert all(ln.startswith("train ") and "step/s" in ln and "loss=2" in ln for ln in lines)
+    assert "\r" not in out.getvalue()
+
+
+def test_progress_bar_rewrites_one_line_on_a_tty():
+    out = _Stream(tty=True)
+    p = metrics.Progress(4, stream=out, min_interval_s=0.0)
+    for step in range(1, 5):
+        p.update(step, {"loss": 1.5})
+    p.close()
+    text = out.getvalue()
+    assert text.count("\r") == 4 and text.endswith("\n") and text.count("\n") == 1
+    assert "[####################] train 4/4" in text and "[#####...............] train 1/4" in text
+
+
+def test_core_modules_do_not_load_tensorflow(tmp_path):
+    """optim, checkpoints, metrics (writing an event file) and masking stay TF-free."""
+    code = ("import sys\n"
+            "from xlm_jax.train import metrics, optim, checkpoints\n"
+            "from xlm_jax.objectives import masking\n"
+            f"w = metrics.MetricsWriter({str(tmp_path)!r}); w.write_scalars(1, {{'a': 1.0}})\n"
+            "w.close()\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow'))\n")
+    repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=repo_root)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
+    assert list((tmp_path / "train").glob("events.out.tfevents.*"))

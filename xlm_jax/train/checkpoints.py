@@ -1,0 +1,241 @@
+"""Checkpoints: a thin wrapper over orbax `CheckpointManager`.
+
+What: `Checkpointer(model_dir, cfg)` saves the train state (any pytree of arrays, e.g.
+a flax struct TrainState with params and optimizer state) plus a small JSON `extra`
+(data-pipeline position, config fingerprint, ...) under `model_dir/checkpoints/<step>/`,
+keeps the newest `keep`, and restores onto whatever shardings the caller asks for.
+
+Why this way: orbax writes each array shard from the process that owns it (multi-host
+safe, async), and `StandardRestore` with an abstract target of `jax.ShapeDtypeStruct`s
+carrying `.sharding` reshards on load, so a run saved on 8 devices restores onto 4 or
+64 (the restore-cannot-change-device-count complaint of orbax#648 does not apply).
+Before restoring, `check_compatible` compares the saved shapes with the model's and
+fails with one line naming the parameter, instead of an opaque tensorstore error.
+Every process must call `save`/`restore` (orbax coordinates them); no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import uuid
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+PyTree = Any
+
+_MAX_LISTED = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """When and how many checkpoints to write; validated on creation."""
+
+    # Save when step % save_every_steps == 0 (step > 0); `save(..., force=True)` overrides.
+    save_every_steps: int = 1000
+    # Keep the newest `keep` checkpoints; older ones are deleted after a successful save.
+    keep: int = 3
+    # Write in a background thread (training continues once arrays are copied to host).
+    async_save: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("save_every_steps", "keep"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"CheckpointConfig.{name}={value!r} is invalid: must be an "
+                                 "integer >= 1")
+
+
+def _key_name(key: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _flat_shapes(tree: PyTree) -> dict[str, tuple[int, ...]]:
+    """{'params/layers_0/attention/query/kernel': shape} for every leaf of a pytree.
+
+    Works on model states (GetAttrKey for dataclasses/namedtuples) and on orbax
+    metadata trees (DictKey/SequenceKey) alike, because only the names are kept.
+    """
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        out["/".join(_key_name(k) for k in path)] = tuple(getattr(leaf, "shape", np.shape(leaf)))
+    return out
+
+
+def check_compatible(saved_metadata_tree: PyTree, abstract_state: PyTree, *,
+                     directory: str = "", step: int | None = None) -> None:
+    """Raise a one-line ValueError if the checkpoint's tree does not fit the model's.
+
+    Names the first problems: a parameter whose shape differs ("has shape (8, 2, 4) but
+    the model expects (8, 4, 2)"), one the model expects but the checkpoint lacks, or one
+    the checkpoint has but the model does not. dtypes may differ (orbax casts on load).
+    """
+    saved = _flat_shapes(saved_metadata_tree)
+    want = _flat_shapes(abstract_state)
+    problems = []
+    for name, shape in want.items():
+        if name not in saved:
+            problems.append(f"parameter '{name}' {shape} is missing from the checkpoint")
+        elif tuple(saved[name]) != tuple(shape):
+            problems.append(f"parameter '{name}' has shape {tuple(saved[name])} but the model "
+                            f"expects {tuple(shape)}")
+    for name in saved:
+        if name not in want:
+            problems.append(f"parameter '{name}' {tuple(saved[name])} is in the checkpoint but "
+                            "not in the model")
+    if problems:
+        where = f"checkpoint {directory or '<unknown dir>'} step {step}"
+        shown = "; ".join(problems[:_MAX_LISTED])
+        more = (f"; and {len(problems) - _MAX_LISTED} more problem(s)"
+                if len(problems) > _MAX_LISTED else "")
+        raise ValueError(f"{where}: {shown}{more}")
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def _check_writable(directory: str) -> None:
+    """Create `directory` and write/remove a probe file; one-line OSError otherwise.
+
+    Done at construction so a typo or a read-only mount fails before hours of training,
+    not at the first save. Remote (gs://...) paths are left to orbax.
+    """
+    if _is_remote(directory):
+        return
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = os.path.join(directory, f".write_probe.{os.getpid()}.{uuid.uuid4().hex}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        detail = e.strerror or type(e).__name__
+        if e.filename and e.filename != directory:
+            detail += f": {e.filename!r}"
+        raise OSError(f"checkpoints: cannot write to {directory!r} ({detail})") from None
+
+
+def _as_abstract(tree: PyTree) -> PyTree:
+    """Arrays -> ShapeDtypeStruct with their sharding; ShapeDtypeStructs must have one."""
+
+    def visit(path, x):
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+        if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is None:
+            name = "/".join(_key_name(k) for k in path)
+            raise ValueError(f"restore: abstract_state leaf '{name}' {x.shape} has no sharding; "
+                             "build it with jax.ShapeDtypeStruct(shape, dtype, sharding=...)")
+        return x
+
+    return jax.tree_util.tree_map_with_path(visit, tree)
+
+
+class Checkpointer:
+    """Save/restore train state + JSON extra under `model_dir/checkpoints` (orbax)."""
+
+    def __init__(self, model_dir: str, cfg: CheckpointConfig = CheckpointConfig()):
+        self.cfg = cfg
+        self.directory = os.path.join(str(model_dir), "checkpoints")
+        _check_writable(self.directory)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=cfg.keep,
+            save_interval_steps=1,  # the decision is ours (should_save); orbax just writes
+            enable_async_checkpointing=cfg.async_save,
+            create=True,
+        )
+        # Handlers are named up front so that a fresh process (a resumed run) can read the
+        # metadata of checkpoints it did not write; with bare item names it reads none.
+        self._manager = ocp.CheckpointManager(
+            epath.Path(self.directory), options=options,
+            item_handlers={"state": ocp.StandardCheckpointHandler(),
+                           "extra": ocp.JsonCheckpointHandler()})
+
+    def should_save(self, step: int) -> bool:
+        """True at every `save_every_steps`-th step (never at step 0)."""
+        return step > 0 and step % self.cfg.save_every_steps == 0
+
+    def save(self, step: int, state: PyTree, extra: dict | None = None,
+             force: bool = False) -> bool:
+        """Save if `should_save(step)` or `force`; returns whether a save was started.
+
+        A step that is already on disk is not written again (returns False), so a final
+        forced save right after a periodic one is harmless. With async_save the write
+        finishes in the background; `wait()` blocks until it is durable.
+        """
+        step = int(step)
+        if not (force or self.should_save(step)):
+            return False
+        if step in self._manager.all_steps():
+            return False
+        extra = {} if extra is None else extra
+        try:
+            json.dumps(extra)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"checkpoint step {step}: extra is not JSON-serialisable ({e})"
+                             ) from None
+        return bool(self._manager.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                    extra=ocp.args.JsonSave(extra)),
+            force=True))
+
+    def latest_step(self) -> int | None:
+        """The newest finished checkpoint step, or None if there is none."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """All finished checkpoint steps, ascending."""
+        return sorted(self._manager.all_steps())
+
+    def reached_preemption(self, step: int) -> bool:
+        """True when the job is being preempted (TPU/GKE signal): save now and exit."""
+        return bool(self._manager.reached_preemption(step))
+
+    def restore(self, step: int | None, abstract_state: PyTree) -> tuple[PyTree, dict]:
+        """Restore (state, extra) from `step` (None = latest) onto `abstract_state`.
+
+        `abstract_state` is a pytree of `jax.ShapeDtypeStruct` with `.sharding` (e.g.
+        `jax.eval_shape` of the init + the shardings of the current mesh); each array is
+        loaded directly into that sharding, whatever mesh/device count it was saved from.
+        """
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise FileNotFoundError(f"no checkpoint to restore in {self.directory}")
+        step = int(step)
+        available = self.all_steps()
+        if step not in available:
+            raise FileNotFoundError(f"checkpoint {self.directory} has no step {step}; "
+                                    f"available steps: {available or 'none'}")
+        abstract = _as_abstract(abstract_state)
+        metadata = self._manager.item_metadata(step)
+        check_compatible(metadata["state"], abstract, directory=self.directory, step=step)
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                    extra=ocp.args.JsonRestore()))
+        return restored["state"], dict(restored["extra"] or {})
+
+    def wait(self) -> None:
+        """Block until any background save has finished (call before exiting)."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Wait for pending saves and release orbax's threads."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,222 @@
+"""Metrics output: TensorBoard event files + a JSONL log, and a console progress line.
+
+What: `MetricsWriter.write_scalars(step, {"loss": ...}, prefix="train")` appends one
+TensorBoard scalar event per key to `model_dir/{prefix}/events.out.tfevents.*` and one
+JSON line `{"step": .., "split": prefix, ...}` to `model_dir/metrics.jsonl`.
+`Progress` shows a carriage-return progress bar on a terminal and plain log lines every
+N steps otherwise (batch jobs, files).
+
+Why this way: TensorBoard is what pod users look at, but core must not import
+TensorFlow, so the events are written with the `tensorboard` package's pure-python
+record writer and protos (TFRecord framing + masked CRC32C), readable by TensorBoard's
+own `EventAccumulator`. The JSONL copy is for scripts and tests (no protobuf needed).
+Only the primary process (jax.process_index() == 0) writes; the others get no-ops,
+so call sites need no `if`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, IO
+
+from etils import epath
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.record_writer import RecordWriter
+
+_file_counter = itertools.count()
+
+
+def _to_float(key: str, value: Any) -> float:
+    """A python float from a python/numpy/jax scalar; one-line error naming the key."""
+    try:
+        if hasattr(value, "shape") and tuple(value.shape) not in ((), (1,)):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"metric {key!r}: value {value!r} is not a scalar number") from None
+
+
+class _EventFile:
+    """One TensorBoard event file (TFRecord of `Event` protos), written without TF."""
+
+    def __init__(self, logdir: epath.Path) -> None:
+        logdir.mkdir(parents=True, exist_ok=True)
+        name = (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
+                f"{os.getpid()}.{next(_file_counter)}")
+        self.path = logdir / name
+        self._writer = RecordWriter(self.path.open("wb"))
+        self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def _write(self, event: event_pb2.Event) -> None:
+        self._writer.write(event.SerializeToString())
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        summary = summary_pb2.Summary(
+            value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
+        self._write(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+        self._writer.flush()
+
+    def close(self) -> None:
+        if not self._writer.closed:
+            self._writer.close()
+
+
+class MetricsWriter:
+    """Scalars -> TensorBoard events under model_dir/{prefix}/ and model_dir/metrics.jsonl.
+
+    Only the primary process writes (pass `is_primary=jax.process_index() == 0`); on the
+    others every method is a no-op and nothing is created. Non-train splits (e.g.
+    "eval") are also echoed as one line to `stream`; training progress goes through
+    `Progress` instead.
+    """
+
+    def __init__(self, model_dir: str, is_primary: bool = True, stream: IO[str] = sys.stdout):
+        self.model_dir = str(model_dir)
+        self.is_primary = bool(is_primary)
+        self.stream = stream
+        self._events: dict[str, _EventFile] = {}
+        self._jsonl: IO[str] | None = None
+        self._closed = False
+        if self.is_primary:
+            root = epath.Path(self.model_dir)
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+                self._jsonl = self._open_jsonl(root)
+            except OSError as e:
+                raise OSError(f"metrics: cannot write to model_dir {self.model_dir!r}: "
+                              f"{e.strerror or e}") from None
+
+    @staticmethod
+    def _open_jsonl(root: epath.Path) -> IO[str]:
+        path = root / "metrics.jsonl"
+        try:
+            return path.open("a")
+        except (OSError, NotImplementedError, ValueError):
+            # Object stores (GCS) cannot append: start a new file per run instead.
+            return (root / f"metrics.{int(time.time())}.jsonl").open("w")
+
+    def write_scalars(self, step: int, scalars: Mapping[str, Any], prefix: str = "train") -> None:
+        """Record `scalars` at `step` for split `prefix` (TensorBoard + one JSONL line)."""
+        if not self.is_primary:
+            return
+        if self._closed:
+            raise RuntimeError(f"MetricsWriter for {self.model_dir!r} is closed")
+        if not prefix or "/" in prefix or prefix.startswith("."):
+            raise ValueError(f"metrics: prefix {prefix!r} must be a plain directory name")
+        values = {str(k): _to_float(str(k), v) for k, v in scalars.items()}
+        if prefix not in self._events:
+            self._events[prefix] = _EventFile(epath.Path(self.model_dir) / prefix)
+        self._events[prefix].scalars(step, values)
+        record = {"step": int(step), "split": prefix, **values}
+        assert self._jsonl is not None
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        if prefix != "train" and self.stream is not None:
+            shown = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
+            self.stream.write(f"[{prefix}] step {int(step)}: {shown}\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        """Flush and close all files; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for f in self._events.values():
+            f.close()
+        if self._jsonl is not None:
+            self._jsonl.close()
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _fmt(v: float) -> str:
+    if v == 0 or not math.isfinite(v):
+        return str(v)
+    return f"{v:.4g}" if 1e-3 <= abs(v) < 1e5 else f"{v:.3e}"
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}"
+
+
+class Progress:
+    """Training progress on the console.
+
+    On a terminal (`stream.isatty()`): one line rewritten in place with '\\r' (bar, step,
+    steps/s, ETA, latest scalars), at most every `min_interval_s`. Otherwise (log files,
+    SLURM output): a plain line every `log_every` steps and at the last step, so logs
+    stay greppable. Only the primary process prints.
+    """
+
+    def __init__(self, total_steps: int, stream: IO[str] = sys.stdout, log_every: int = 100,
+                 is_primary: bool = True, desc: str = "train", min_interval_s: float = 0.2,
+                 start_step: int = 0):
+        if total_steps < 1:
+            raise ValueError(f"Progress: total_steps={total_steps} must be >= 1")
+        if log_every < 1:
+            raise ValueError(f"Progress: log_every={log_every} must be >= 1")
+        self.total_steps = int(total_steps)
+        self.stream = stream
+        self.log_every = int(log_every)
+        self.is_primary = bool(is_primary)
+        self.desc = desc
+        self.min_interval_s = float(min_interval_s)
+        isatty = getattr(stream, "isatty", None)
+        self.tty = bool(isatty()) if callable(isatty) else False
+        self._start_step = int(start_step)
+        self._start_time = time.monotonic()
+        self._last_draw = -math.inf
+        self._drawn = False
+
+    def _status(self, step: int, scalars: Mapping[str, Any]) -> str:
+        elapsed = time.monotonic() - self._start_time
+        done = step - self._start_step
+        rate = done / elapsed if elapsed > 0 and done > 0 else 0.0
+        eta = (self.total_steps - step) / rate if rate > 0 else float("nan")
+        shown = " ".join(f"{k}={_fmt(_to_float(k, v))}" for k, v in scalars.items())
+        eta_s = _fmt_duration(eta) if math.isfinite(eta) else "?"
+        return (f"{self.desc} {step}/{self.total_steps} {rate:.2f} step/s eta {eta_s}"
+                + (f" {shown}" if shown else ""))
+
+    def update(self, step: int, scalars: Mapping[str, Any] | None = None) -> None:
+        """Report that `step` steps are done (with optional latest scalars)."""
+        if not self.is_primary:
+            return
+        scalars = scalars or {}
+        last = step >= self.total_steps
+        if self.tty:
+            now = time.monotonic()
+            if not last and now - self._last_draw < self.min_interval_s:
+                return
+            self._last_draw = now
+            frac = min(max(step / self.total_steps, 0.0), 1.0)
+            width = 20
+            bar = "#" * int(frac * width) + "." * (width - int(frac * width))
+            self.stream.write(f"\r[{bar}] {self._status(step, scalars)}\x1b[K")
+            self._drawn = True
+        elif step % self.log_every == 0 or last:
+            self.stream.write(self._status(step, scalars) + "\n")
+        else:
+            return
+        self.stream.flush()
+
+    def close(self) -> None:
+        """End the in-place line (terminal mode) so later output starts on a new line."""
+        if self.is_primary and self.tty and self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False
