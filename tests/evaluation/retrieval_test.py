@@ -1,0 +1,315 @@
+"""Tatoeba retrieval: the metric against a brute-force reference, the all-layer embedding
+against `Encoder.embed`, the CLI end to end on a tiny random model, and its input errors."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from xlm_jax.evaluation import retrieval
+
+ENGLISH = [
+    "the cat sat on the mat", "a dog ran in the park", "we eat bread every day",
+    "she reads a long book", "the sun is very hot", "my brother plays music",
+    "rain falls on the old roof", "they walk to school", "birds sing in the morning",
+    "he drinks cold water", "the river runs to the sea", "you write a short letter",
+]
+
+
+def _png_ok(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(path) > 2000
+
+
+# ----------------------------------------------------------------------------- the metric
+
+def _brute_force(src: np.ndarray, tgt: np.ndarray) -> float:
+    """Independent reference: loops over pairs with the textbook cosine formula."""
+    correct = 0
+    for i in range(len(src)):
+        best, best_j = -np.inf, -1
+        for j in range(len(tgt)):
+            cos = float(np.dot(src[i], tgt[j]) / (np.linalg.norm(src[i]) * np.linalg.norm(tgt[j])))
+            if cos > best:
+                best, best_j = cos, j
+        correct += best_j == i
+    return correct / len(src)
+
+
+def test_retrieval_accuracy_planted_matches():
+    rng = np.random.default_rng(0)
+    n, d = 40, 16
+    src = rng.normal(size=(n, d))
+    tgt = rng.normal(size=(n, d))
+    planted = rng.choice(n, size=27, replace=False)
+    # Planted: a scaled, slightly noisy copy (cosine ~1); the rest: the opposite vector
+    # (cosine -1, so the gold can never be the nearest). Expected acc@1 is exactly 27/40.
+    tgt[planted] = 3.0 * src[planted] + 1e-4 * rng.normal(size=(27, d))
+    rest = np.setdiff1d(np.arange(n), planted)
+    tgt[rest] = -src[rest]
+    acc = retrieval.retrieval_accuracy(src.astype(np.float32), tgt.astype(np.float32))
+    assert acc == pytest.approx(27 / 40)
+    assert acc == pytest.approx(_brute_force(src, tgt))
+
+
+def test_retrieval_accuracy_random_matches_reference_and_is_cosine_not_dot():
+    rng = np.random.default_rng(1)
+    src, tgt = rng.normal(size=(30, 8)), rng.normal(size=(30, 8))
+    tgt[:10] = src[:10] + 0.3 * rng.normal(size=(10, 8))
+    assert retrieval.retrieval_accuracy(src, tgt) == pytest.approx(_brute_force(src, tgt))
+    # A huge-norm distractor wins a dot-product search but not a cosine one: the cosine of
+    # e0 with [30, 30, 1] is 0.707 < 0.9988 (row 0's gold), its dot product 30 > 1.
+    src2 = np.eye(3)
+    tgt2 = np.array([[1.0, 0.05, 0.0], [0.0, 1.0, 0.0], [30.0, 30.0, 1.0]])
+    assert (src2 @ tgt2.T).argmax(axis=1).tolist() == [2, 2, 2]  # dot product: acc 1/3
+    assert retrieval.retrieval_accuracy(src2, tgt2) == 1.0
+    assert _brute_force(src2, tgt2) == 1.0
+
+
+def test_retrieval_accuracy_shape_errors():
+    with pytest.raises(ValueError, match=r"equal shape, got \(3, 4\) and \(2, 4\)"):
+        retrieval.retrieval_accuracy(np.ones((3, 4)), np.ones((2, 4)))
+    with pytest.raises(ValueError, match="N=0"):
+        retrieval.retrieval_accuracy(np.ones((0, 4)), np.ones((0, 4)))
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def spm_path(tmp_path_factory):
+    """The demo SentencePiece model if present, else a tiny one trained on the test text."""
+    demo = os.path.join(os.path.dirname(__file__), "..", "..", "tasks", "demo_data", "spm.model")
+    if os.path.exists(demo):
+        return os.path.abspath(demo)
+    import sentencepiece as spm
+
+    d = tmp_path_factory.mktemp("spm")
+    text = d / "train.txt"
+    text.write_text("\n".join(ENGLISH + [" ".join(reversed(s.split())) for s in ENGLISH]) * 4)
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(d / "spm"), vocab_size=80,
+                                   model_type="unigram", unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                   hard_vocab_limit=False, character_coverage=1.0,
+                                   minloglevel=2)
+    return str(d / "spm.model")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, spm_path):
+    import flax.linen as nn
+    import sentencepiece as spm
+
+    from xlm_jax.convert import hf
+    from xlm_jax.models.config import ModelConfig
+    from xlm_jax.models.transformer import Transformer
+
+    size = spm.SentencePieceProcessor(model_file=spm_path).get_piece_size()
+    cfg = ModelConfig(vocab_size=size + 2, hidden_size=16, num_layers=2, num_heads=2, mlp_dim=32,
+                      max_positions=42, dropout_rate=0.0, attention_dropout_rate=0.0)
+    params = nn.meta.unbox(Transformer(cfg).init(jax.random.PRNGKey(0),
+                                                 np.full((1, 4), 5, np.int32))["params"])
+    spm_dir = tmp_path_factory.mktemp("spmdir")
+    with open(spm_path, "rb") as f:
+        (spm_dir / "spm.model").write_bytes(f.read())
+    out = tmp_path_factory.mktemp("model") / "m"
+    hf.save_xlm_jax(str(out), cfg, jax.tree_util.tree_map(np.asarray, params),
+                    spm_from=str(spm_dir))
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def encoder(model_dir):
+    from xlm_jax.encoder import load_encoder
+
+    return load_encoder(model_dir)
+
+
+@pytest.fixture(scope="module")
+def tatoeba_dir(tmp_path_factory):
+    """`aa` translations are the English strings themselves (acc@1 must be 1.0);
+    `bb` are the English words reversed (a random model scores whatever it scores)."""
+    d = tmp_path_factory.mktemp("tatoeba")
+    eng = "\n".join(ENGLISH) + "\n"
+    (d / "tatoeba.aa-eng.aa").write_text(eng)
+    (d / "tatoeba.aa-eng.eng").write_text(eng)
+    (d / "tatoeba.bb-eng.bb").write_text("\n".join(" ".join(reversed(s.split())) for s in ENGLISH))
+    (d / "tatoeba.bb-eng.eng").write_text(eng)
+    (d / "README").write_text("not a data file")
+    return str(d)
+
+
+# ----------------------------------------------------------------------------- embedding
+
+def test_embed_layers_matches_encoder_embed(encoder):
+    sents = ENGLISH[:7] + ["short", "a much longer sentence than the others with many words in it"]
+    got = retrieval.embed_layers(encoder, sents, [0, 1, 2], pool="mean", max_length=32,
+                                 batch_size=4)
+    assert got.shape == (3, len(sents), 16)
+    for k, layer in enumerate([0, 1, 2]):
+        want = encoder.embed(sents, layer=layer, pool="mean", batch_size=3, max_length=32)
+        np.testing.assert_allclose(got[k], want, rtol=1e-4, atol=1e-5)
+    cls = retrieval.embed_layers(encoder, sents, [2], pool="cls", max_length=32, batch_size=16)
+    np.testing.assert_allclose(cls[0], encoder.embed(sents, layer=2, pool="cls", max_length=32),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_evaluate_against_reference(encoder, tatoeba_dir):
+    res = retrieval.evaluate(encoder, tatoeba_dir, "all", max_length=32, batch_size=8)
+    assert sorted(res.per_layer) == [0, 1, 2]
+    bb = [" ".join(reversed(s.split())) for s in ENGLISH]
+    for layer in (0, 1, 2):
+        assert res.per_layer_language[layer]["aa"].src_to_eng == 1.0
+        assert res.per_layer_language[layer]["aa"].eng_to_src == 1.0
+        src = encoder.embed(bb, layer=layer, max_length=32)
+        eng = encoder.embed(ENGLISH, layer=layer, max_length=32)
+        score = res.per_layer_language[layer]["bb"]
+        assert score.src_to_eng == pytest.approx(_brute_force(src, eng))
+        assert score.eng_to_src == pytest.approx(_brute_force(eng, src))
+        want_avg = (2.0 + score.src_to_eng + score.eng_to_src) / 4
+        assert res.per_layer[layer] == pytest.approx(want_avg)
+    assert res.best_layer == max([0, 1, 2], key=lambda k: (res.per_layer[k], -k))
+    assert res.average == pytest.approx(res.per_layer[res.best_layer])
+
+
+def test_all_layers_cost_one_forward_pass(encoder, tatoeba_dir, monkeypatch):
+    """`all` must not run the model once per layer, nor embed the shared English file twice."""
+    seen = []
+    real = encoder.hidden_states
+
+    def counting(ids, mask=None):
+        seen.append(np.asarray(ids).shape)
+        return real(ids, mask)
+
+    monkeypatch.setattr(encoder, "hidden_states", counting)
+    retrieval.evaluate(encoder, tatoeba_dir, 0, max_length=32, batch_size=64)
+    one_layer = list(seen)
+    seen.clear()
+    retrieval.evaluate(encoder, tatoeba_dir, "all", max_length=32, batch_size=64)
+    assert seen == one_layer
+    # 24 distinct strings: the 12 English ones (aa's both sides and bb's English side) embedded
+    # once, and bb's 12 reversed ones; each group is one batch padded to 16 rows.
+    assert sum(shape[0] for shape in seen) == 32
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def test_cli_all_layers(model_dir, tatoeba_dir, tmp_path):
+    out = tmp_path / "res" / "after.json"
+    rc = retrieval.main(["--checkpoint", model_dir, "--tatoeba_dir", tatoeba_dir, "--layer", "all",
+                         "--max_length", "32", "--batch_size", "8", "--output_json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["layer"] == "all" and data["checkpoint"] == os.path.abspath(model_dir)
+    assert data["step"] is None
+    assert sorted(data["per_layer"]) == ["0", "1", "2"]
+    best = max(range(3), key=lambda k: (data["per_layer"][str(k)], -k))
+    assert data["best_layer"] == best
+    assert data["average"] == pytest.approx(data["per_layer"][str(best)])
+    assert set(data["per_language"]) == {"aa", "bb"}
+    aa, bb = data["per_language"]["aa"], data["per_language"]["bb"]
+    assert aa["aa->eng"] == 1.0 and aa["eng->aa"] == 1.0 and aa["mean"] == 1.0
+    assert bb["mean"] == pytest.approx((bb["bb->eng"] + bb["eng->bb"]) / 2)
+    assert data["average"] == pytest.approx((aa["mean"] + bb["mean"]) / 2)
+    assert _png_ok(str(tmp_path / "res" / "after.png"))  # default: next to the JSON
+    # The JSON round-trips into the dataclass the report reads.
+    back = retrieval.RetrievalResult.load(str(out))
+    assert back.average == pytest.approx(data["average"]) and back.best_layer == best
+
+
+def test_cli_single_layer_languages_and_plot(model_dir, tatoeba_dir, tmp_path):
+    out = tmp_path / "one.json"
+    rc = retrieval.main(["--checkpoint", model_dir, "--tatoeba_dir", tatoeba_dir, "--layer", "1",
+                         "--languages", "aa", "--max_length", "32", "--output_json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["layer"] == 1 and list(data["per_language"]) == ["aa"]
+    assert data["average"] == 1.0 and "per_layer" not in data
+    assert not (tmp_path / "one.png").exists()  # no plot unless asked for a single layer
+    plot = tmp_path / "bars.png"
+    assert retrieval.main(["--checkpoint", model_dir, "--tatoeba_dir", tatoeba_dir, "--layer",
+                           "2", "--max_length", "32", "--output_json", str(out), "--plot",
+                           str(plot)]) == 0
+    assert _png_ok(str(plot))
+
+
+def test_cli_step_is_passed_through_only_when_given(model_dir, tatoeba_dir, tmp_path,
+                                                    monkeypatch, encoder):
+    import xlm_jax.encoder as encoder_mod
+
+    calls = []
+
+    def fake_load(path, **kwargs):
+        calls.append((path, kwargs))
+        return encoder
+
+    monkeypatch.setattr(encoder_mod, "load_encoder", fake_load)
+    args = ["--checkpoint", model_dir, "--tatoeba_dir", tatoeba_dir, "--layer", "0",
+            "--languages", "aa", "--max_length", "32", "--output_json", str(tmp_path / "s.json")]
+    assert retrieval.main(args + ["--step", "300"]) == 0
+    assert calls[-1] == (model_dir, {"step": 300})
+    assert json.loads((tmp_path / "s.json").read_text())["step"] == 300
+    assert retrieval.main(args) == 0
+    assert calls[-1] == (model_dir, {})
+
+
+def _error(capsys, argv) -> str:
+    rc = retrieval.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_cli_errors(model_dir, tatoeba_dir, tmp_path, capsys):
+    base = ["--checkpoint", model_dir, "--max_length", "32",
+            "--output_json", str(tmp_path / "x.json")]
+    missing = str(tmp_path / "nope")
+    err = _error(capsys, base + ["--tatoeba_dir", missing, "--layer", "0"])
+    assert missing in err and "tatoeba.{xx}-eng.{xx}" in err
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "tatoeba.aa-eng.aa").write_text("x\n")  # the eng side is missing
+    err = _error(capsys, base + ["--tatoeba_dir", str(empty), "--layer", "0"])
+    assert str(empty) in err and "no Tatoeba files" in err and "tatoeba.{xx}-eng.eng" in err
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "tatoeba.cc-eng.cc").write_text("one\ntwo\nthree\n")
+    (bad / "tatoeba.cc-eng.eng").write_text("one\ntwo\n")
+    err = _error(capsys, base + ["--tatoeba_dir", str(bad), "--layer", "0"])
+    assert (f"{bad / 'tatoeba.cc-eng.cc'} has 3 lines" in err
+            and f"{bad / 'tatoeba.cc-eng.eng'} has 2" in err)
+
+    err = _error(capsys, base + ["--tatoeba_dir", tatoeba_dir, "--layer", "3"])
+    assert "layer=3 out of range" in err and "0..2" in err
+
+    err = _error(capsys, base + ["--tatoeba_dir", tatoeba_dir, "--layer", "0",
+                                 "--languages", "aa,zz"])
+    assert "zz" in err and "found: aa, bb" in err
+
+    with pytest.raises(SystemExit):
+        retrieval.main(base + ["--tatoeba_dir", tatoeba_dir, "--layer", "last"])
+    assert "--layer 'last': expected an integer or 'all'" in capsys.readouterr().err
+
+
+def test_modules_import_without_tensorflow():
+    code = ("import sys, xlm_jax.evaluation.retrieval, xlm_jax.evaluation.report; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'seqio', 'jax')]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_step_recorded_for_a_trainer_model_dir(tmp_path):
+    """Without --step the JSON names the checkpoint load_encoder picks: the newest finished."""
+    run = tmp_path / "run"
+    for step in (100, 300):
+        (run / "checkpoints" / str(step) / "state").mkdir(parents=True)
+    (run / "checkpoints" / "400").mkdir()  # unfinished: no state item yet
+    (run / "xlm_jax_config.json").write_text("{}")
+    assert retrieval._resolve_step(str(run), None) == 300
+    assert retrieval._resolve_step(str(run), 100) == 100
+    (run / "params").mkdir()  # an exported model dir: load_encoder reads params/, not a step
+    assert retrieval._resolve_step(str(run), None) is None

@@ -1,0 +1,510 @@
+"""Tatoeba sentence retrieval (XTREME): cosine nearest neighbour over pooled hidden states.
+
+    python -m xlm_jax.evaluation.retrieval --checkpoint DIR [--step N] --tatoeba_dir DIR \
+        --layer N|all [--languages xx,yy] [--pool mean] [--max_length 128] [--batch_size 64] \
+        --output_json FILE [--plot FILE.png]
+
+The Tatoeba directory holds, per language xx, the line-aligned files `tatoeba.{xx}-eng.{xx}` and
+`tatoeba.{xx}-eng.eng` (the XTREME layout). Each sentence is embedded by pooling one layer's
+hidden states over its real tokens (padding excluded); for every xx sentence the English
+sentence with the highest cosine similarity is retrieved (xx->eng) and vice versa (eng->xx).
+acc@1 counts how often the retrieved sentence is the one on the same line. The reported
+average is over languages and both directions.
+
+`--layer all` scores every layer 0..L (0 = embeddings) from ONE forward pass per sentence and
+writes the per-layer curve (the XLM-E Fig. 3 plot) as a PNG; `average` and `per_language` are
+then those of the best layer. TensorFlow is never imported; jax is imported only to run a model.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+FILE_PATTERN = "tatoeba.{xx}-eng.{xx} + tatoeba.{xx}-eng.eng"
+_SRC_RE = re.compile(r"^tatoeba\.([^./\\-]+)-eng\.([^./\\-]+)$")
+POOLS = ("mean", "cls")
+
+
+# ----------------------------------------------------------------------------- results
+
+@dataclasses.dataclass(frozen=True)
+class LanguageScore:
+    """acc@1 of one language in both directions, and how many sentence pairs were scored."""
+
+    src_to_eng: float  # xx -> eng
+    eng_to_src: float  # eng -> xx
+    num_pairs: int
+
+    @property
+    def mean(self) -> float:
+        return (self.src_to_eng + self.eng_to_src) / 2.0
+
+    def to_json(self, lang: str) -> dict[str, float]:
+        return {f"{lang}->eng": self.src_to_eng, f"eng->{lang}": self.eng_to_src,
+                "mean": self.mean, "num_pairs": self.num_pairs}
+
+
+@dataclasses.dataclass
+class RetrievalResult:
+    """The outcome of `evaluate`; `to_json`/`from_json` round-trip the CLI's JSON file.
+
+    `layer` is the layer asked for (an int, or "all"); `reported_layer` the one whose scores
+    fill `per_language`/`average` (the best layer for "all"). `per_layer_language` keeps the
+    scores of every evaluated layer.
+    """
+
+    layer: int | str
+    reported_layer: int
+    per_language: dict[str, LanguageScore]
+    per_layer_language: dict[int, dict[str, LanguageScore]]
+    checkpoint: str | None = None
+    step: int | None = None
+
+    @property
+    def average(self) -> float:
+        """Mean acc@1 over languages and both directions at `reported_layer`."""
+        return _average(self.per_language)
+
+    @property
+    def per_layer(self) -> dict[int, float]:
+        """Average acc@1 of every evaluated layer."""
+        return {layer: _average(scores)
+                for layer, scores in sorted(self.per_layer_language.items())}
+
+    @property
+    def best_layer(self) -> int:
+        """The layer with the highest average (the lowest such layer on ties)."""
+        per_layer = self.per_layer
+        return max(per_layer, key=lambda k: (per_layer[k], -k))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "layer": self.layer, "reported_layer": self.reported_layer, "average": self.average,
+            "per_language": {lang: s.to_json(lang)
+                             for lang, s in sorted(self.per_language.items())},
+            "checkpoint": self.checkpoint, "step": self.step,
+        }
+        if self.layer == "all":
+            out["per_layer"] = {str(k): v for k, v in self.per_layer.items()}
+            out["best_layer"] = self.best_layer
+            out["per_layer_language"] = {
+                str(k): {lang: s.to_json(lang) for lang, s in sorted(v.items())}
+                for k, v in sorted(self.per_layer_language.items())}
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], source: str = "result") -> "RetrievalResult":
+        """Reads what `to_json` wrote (or a minimal JSON with `layer` and `per_language`)."""
+        def need(mapping: Mapping[str, Any], key: str, where: str) -> Any:
+            if not isinstance(mapping, Mapping) or key not in mapping:
+                raise ValueError(f"{source}: missing key {key!r} in {where}")
+            return mapping[key]
+
+        def scores(raw: Any, where: str) -> dict[str, LanguageScore]:
+            if not isinstance(raw, Mapping) or not raw:
+                raise ValueError(f"{source}: {where} must be a non-empty object, got {raw!r}")
+            out = {}
+            for lang, entry in raw.items():
+                vals = []
+                for key in (f"{lang}->eng", f"eng->{lang}"):
+                    v = need(entry, key, f"{where}[{lang!r}]")
+                    if not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+                        raise ValueError(f"{source}: {where}[{lang!r}][{key!r}]={v!r} is not an "
+                                         "accuracy in [0, 1]")
+                    vals.append(float(v))
+                out[lang] = LanguageScore(vals[0], vals[1], int(entry.get("num_pairs", 0)))
+            return out
+
+        layer = need(data, "layer", "the top level")
+        if not (layer == "all" or (isinstance(layer, int) and layer >= 0)):
+            raise ValueError(f"{source}: layer={layer!r} must be a layer number or 'all'")
+        per_language = scores(need(data, "per_language", "the top level"), "per_language")
+        reported = data.get("reported_layer", data.get("best_layer", layer))
+        if not isinstance(reported, int):
+            raise ValueError(f"{source}: reported_layer={reported!r} must be a layer number")
+        per_layer_language = {reported: per_language}
+        for k, v in (data.get("per_layer_language") or {}).items():
+            if not str(k).isdigit():
+                raise ValueError(f"{source}: per_layer_language key {k!r} is not a layer number")
+            per_layer_language[int(k)] = scores(v, f"per_layer_language[{k!r}]")
+        return cls(layer=layer, reported_layer=reported, per_language=per_language,
+                   per_layer_language=per_layer_language, checkpoint=data.get("checkpoint"),
+                   step=data.get("step"))
+
+    @classmethod
+    def load(cls, path: str) -> "RetrievalResult":
+        """Reads a JSON file written by the CLI; errors name the file."""
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: retrieval result JSON not found")
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        return cls.from_json(data, source=path)
+
+
+def _average(scores: Mapping[str, LanguageScore]) -> float:
+    return float(np.mean([s.mean for s in scores.values()])) if scores else float("nan")
+
+
+# ----------------------------------------------------------------------------- the metric
+
+def retrieval_accuracy(src_vecs: Any, tgt_vecs: Any) -> float:
+    """acc@1 of cosine nearest-neighbour retrieval: row i of `src_vecs` should find row i of
+    `tgt_vecs`. Computed in float64 so that an exact duplicate (cosine 1) always wins; ties go
+    to the lowest index, as `argmax` does."""
+    src = np.asarray(src_vecs, np.float64)
+    tgt = np.asarray(tgt_vecs, np.float64)
+    if src.ndim != 2 or tgt.ndim != 2 or src.shape != tgt.shape:
+        raise ValueError(f"retrieval_accuracy: need two [N, D] arrays of equal shape, got "
+                         f"{src.shape} and {tgt.shape}")
+    if src.shape[0] == 0:
+        raise ValueError("retrieval_accuracy: no vectors to score (N=0)")
+    src = src / np.maximum(np.linalg.norm(src, axis=1, keepdims=True), 1e-12)
+    tgt = tgt / np.maximum(np.linalg.norm(tgt, axis=1, keepdims=True), 1e-12)
+    nearest = np.argmax(src @ tgt.T, axis=1)
+    return float(np.mean(nearest == np.arange(src.shape[0])))
+
+
+# ----------------------------------------------------------------------------- data
+
+@dataclasses.dataclass(frozen=True)
+class TatoebaPair:
+    """One language's line-aligned sentences and the files they came from."""
+
+    lang: str
+    src: list[str]
+    eng: list[str]
+    src_path: str
+    eng_path: str
+
+
+def find_languages(tatoeba_dir: str) -> list[str]:
+    """Languages xx with both `tatoeba.{xx}-eng.{xx}` and `tatoeba.{xx}-eng.eng`, sorted."""
+    if not os.path.isdir(tatoeba_dir):
+        raise FileNotFoundError(f"tatoeba_dir {tatoeba_dir}: not a directory (expected files "
+                                f"{FILE_PATTERN})")
+    names = set(os.listdir(tatoeba_dir))
+    langs = []
+    for name in names:
+        m = _SRC_RE.match(name)
+        if m and m.group(1) == m.group(2) and m.group(1) != "eng":
+            if f"tatoeba.{m.group(1)}-eng.eng" in names:
+                langs.append(m.group(1))
+    if not langs:
+        raise FileNotFoundError(f"tatoeba_dir {tatoeba_dir}: no Tatoeba files found (looked for "
+                                f"{FILE_PATTERN})")
+    return sorted(langs)
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.strip() for line in f.read().splitlines()]
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def read_pair(tatoeba_dir: str, lang: str) -> TatoebaPair:
+    """Reads one language's two files; they must exist, be non-empty and have equal lines."""
+    src_path = os.path.join(tatoeba_dir, f"tatoeba.{lang}-eng.{lang}")
+    eng_path = os.path.join(tatoeba_dir, f"tatoeba.{lang}-eng.eng")
+    missing = [p for p in (src_path, eng_path) if not os.path.isfile(p)]
+    if missing:
+        raise FileNotFoundError(f"language {lang!r}: missing {', '.join(missing)}")
+    src, eng = _read_lines(src_path), _read_lines(eng_path)
+    if len(src) != len(eng):
+        raise ValueError(f"line counts differ: {src_path} has {len(src)} lines, {eng_path} has "
+                         f"{len(eng)}")
+    if not src:
+        raise ValueError(f"{src_path}: no sentences")
+    return TatoebaPair(lang, src, eng, src_path, eng_path)
+
+
+# ----------------------------------------------------------------------------- embedding
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _pool(hidden: np.ndarray, mask: np.ndarray, pool: str) -> np.ndarray:
+    """[..., B, T, D] hidden states -> [..., B, D]; `mean` over real tokens only."""
+    if pool == "cls":
+        return hidden[..., 0, :]
+    w = mask.astype(np.float32)[..., None]
+    return (hidden * w).sum(axis=-2) / np.maximum(w.sum(axis=-2), 1.0)
+
+
+def embed_layers(encoder: Any, sentences: Sequence[str], layers: Sequence[int], pool: str = "mean",
+                 max_length: int = 128, batch_size: int = 64) -> np.ndarray:
+    """Pooled sentence vectors of several layers from one forward pass: [len(layers), N, D].
+
+    Sentences are sorted by length and each batch is padded to a power-of-two length (capped
+    at `max_length`), so few shapes are compiled and little padding is computed; padding does
+    not change the real tokens' states (keys are masked, positions count real tokens only).
+    """
+    if pool not in POOLS:
+        raise ValueError(f"pool={pool!r} is not one of {', '.join(POOLS)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    limit = encoder.config.max_sequence_length
+    if limit is not None and max_length > limit:
+        raise ValueError(f"max_length={max_length} exceeds the model's position table "
+                         f"(max {limit} tokens)")
+    tok = encoder.tokenizer
+    n = len(sentences)
+    out = np.zeros((len(layers), n, encoder.config.hidden_size), np.float32)
+    if n == 0:
+        return out
+    lengths = np.array([len(tok.encode(s)) + 2 for s in sentences])
+    order = np.argsort(lengths, kind="stable")
+    rows = min(batch_size, _next_pow2(n))  # a fixed batch shape: few compilations
+    layer_idx = np.asarray(layers)
+    for start in range(0, n, rows):
+        idx = order[start:start + rows]
+        width = min(max_length, max(8, _next_pow2(int(lengths[idx].max()))))
+        texts = [sentences[i] for i in idx] + [""] * (rows - len(idx))
+        ids, mask = tok.encode_batch(texts, width)
+        hidden = encoder.hidden_states(ids, mask)[layer_idx]  # [len(layers), rows, T, D]
+        out[:, idx] = _pool(hidden, mask, pool)[:, :len(idx)]
+    return out
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def check_layer(layer: int | str, num_layers: int) -> list[int]:
+    """The layers to score for `layer` (an int, or "all"); out of range is a clear error."""
+    if layer == "all":
+        return list(range(num_layers + 1))
+    if isinstance(layer, str):
+        if not layer.lstrip("-").isdigit():
+            raise ValueError(f"layer={layer!r} must be an integer in [0, {num_layers}] or 'all'")
+        layer = int(layer)
+    if not 0 <= layer <= num_layers:
+        raise ValueError(f"layer={layer} out of range: valid layers are 0..{num_layers} "
+                         f"(0 = embeddings, {num_layers} = last) or 'all'")
+    return [layer]
+
+
+def evaluate(encoder: Any, tatoeba_dir: str, layers: int | str | Sequence[int] = "all",
+             languages: Sequence[str] | None = None, pool: str = "mean", max_length: int = 128,
+             batch_size: int = 64, checkpoint: str | None = None,
+             step: int | None = None) -> RetrievalResult:
+    """Scores Tatoeba retrieval for `encoder` (an `xlm_jax.encoder.Encoder`).
+
+    `layers` is one layer, "all", or a list of layers (several are reported like "all", over
+    those layers); `languages` defaults to every language found in `tatoeba_dir`. Each
+    language's sentences are embedded once for all layers.
+    """
+    num_layers = encoder.config.num_layers
+    if isinstance(layers, (int, str)):
+        layer_list = check_layer(layers, num_layers)
+        layer_spec: int | str = "all" if layers == "all" else layer_list[0]
+    else:
+        layer_list = sorted({l for x in layers for l in check_layer(x, num_layers)})
+        if not layer_list:
+            raise ValueError("layers: empty list")
+        layer_spec = layer_list[0] if len(layer_list) == 1 else "all"
+    found = find_languages(tatoeba_dir)
+    if languages:
+        unknown = [l for l in languages if l not in found]
+        if unknown:
+            raise FileNotFoundError(f"tatoeba_dir {tatoeba_dir}: no files for language(s) "
+                                    f"{', '.join(unknown)} (found: {', '.join(found)}; pattern "
+                                    f"{FILE_PATTERN})")
+        langs = list(dict.fromkeys(languages))
+    else:
+        langs = found
+    pairs = [read_pair(tatoeba_dir, lang) for lang in langs]  # read all first: fail early
+    # Sentences in more than one language's files (the English side often is) are embedded
+    # once for all languages; the rest per language, so memory stays one language's worth.
+    counts: dict[str, int] = {}
+    for pair in pairs:
+        for s in dict.fromkeys(pair.src + pair.eng):  # ordered, so runs batch alike
+            counts[s] = counts.get(s, 0) + 1
+    shared = [s for s, c in counts.items() if c > 1]
+    shared_vecs = embed_layers(encoder, shared, layer_list, pool, max_length, batch_size)
+    shared_at = {s: i for i, s in enumerate(shared)}
+    per_layer_language: dict[int, dict[str, LanguageScore]] = {l: {} for l in layer_list}
+    for pair in pairs:
+        # Each distinct sentence is embedded once (an identical string gets the identical vector).
+        own = [s for s in dict.fromkeys(pair.src + pair.eng) if s not in shared_at]
+        own_vecs = embed_layers(encoder, own, layer_list, pool, max_length, batch_size)
+        own_at = {s: i for i, s in enumerate(own)}
+
+        def lookup(sentences: list[str]) -> np.ndarray:
+            mine = np.array([s in own_at for s in sentences])
+            out = np.empty((len(layer_list), len(sentences), own_vecs.shape[-1]), np.float32)
+            out[:, mine] = own_vecs[:, [own_at[s] for s in sentences if s in own_at]]
+            out[:, ~mine] = shared_vecs[:, [shared_at[s] for s in sentences if s not in own_at]]
+            return out
+
+        src_all, eng_all = lookup(pair.src), lookup(pair.eng)
+        for k, layer in enumerate(layer_list):
+            src, eng = src_all[k], eng_all[k]
+            per_layer_language[layer][pair.lang] = LanguageScore(
+                retrieval_accuracy(src, eng), retrieval_accuracy(eng, src), len(pair.src))
+    result = RetrievalResult(layer=layer_spec, reported_layer=layer_list[0], per_language={},
+                             per_layer_language=per_layer_language, checkpoint=checkpoint,
+                             step=step)
+    result.reported_layer = result.best_layer if layer_spec == "all" else layer_list[0]
+    result.per_language = per_layer_language[result.reported_layer]
+    return result
+
+
+# ----------------------------------------------------------------------------- plots
+
+def plot_layers(result: RetrievalResult, out_png: str, title: str | None = None) -> str:
+    """Writes the per-layer average acc@1 curve (x = layer, y = acc@1 %, XLM-E Fig. 3 style),
+    with each language's mean as a thin line; a single-layer result is drawn as per-language
+    bars instead. Uses matplotlib's Agg canvas directly (no global backend change)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.2), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    per_layer = result.per_layer
+    if len(per_layer) > 1:
+        xs = list(per_layer)
+        langs = sorted({l for v in result.per_layer_language.values() for l in v})
+        many = len(langs) > 10  # then one grey line per language, labelled once
+        for i, lang in enumerate(langs):
+            ys = [100 * result.per_layer_language[x][lang].mean for x in xs]
+            if many:
+                ax.plot(xs, ys, lw=0.7, alpha=0.35, color="grey",
+                        label=f"each language ({len(langs)})" if i == 0 else None)
+            else:
+                ax.plot(xs, ys, lw=0.9, alpha=0.6, label=lang)
+        avg = [100 * per_layer[x] for x in xs]
+        ax.plot(xs, avg, "o-", color="black", lw=2.2, label="average")
+        best = result.best_layer
+        ax.annotate(f"best: layer {best} ({100 * per_layer[best]:.1f})",
+                    (best, 100 * per_layer[best]),
+                    textcoords="offset points", xytext=(0, 9), fontsize=8,
+                    ha="right" if best == xs[-1] else "left" if best == xs[0] else "center")
+        ax.set_xlabel("layer (0 = embeddings)")
+        ax.set_xticks(xs)
+        top = max(100 * s.mean for v in result.per_layer_language.values() for s in v.values())
+    else:
+        langs = sorted(result.per_language)
+        x = np.arange(len(langs))
+        ax.bar(x - 0.2, [100 * result.per_language[l].src_to_eng for l in langs], 0.4,
+               label="xx->eng")
+        ax.bar(x + 0.2, [100 * result.per_language[l].eng_to_src for l in langs], 0.4,
+               label="eng->xx")
+        ax.set_xticks(x)
+        ax.set_xticklabels(langs, rotation=90 if len(langs) > 10 else 0, fontsize=8)
+        ax.set_xlabel(f"language (layer {result.reported_layer})")
+        top = max(100 * max(s.src_to_eng, s.eng_to_src) for s in result.per_language.values())
+    ax.set_ylabel("Tatoeba acc@1 (%)")
+    ax.set_ylim(0, min(105.0, 1.2 * top + 2))  # room for the labels; XLM-E Fig. 3 zooms too
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2 if len(langs) <= 10 else 1)
+    ax.set_title(title or ("Tatoeba retrieval by layer" if len(per_layer) > 1
+                           else f"Tatoeba retrieval by language (layer {result.reported_layer})"))
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
+    fig.savefig(out_png, format="png")
+    return out_png
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def _resolve_step(path: str, step: int | None) -> int | None:
+    """The step given, else the newest finished checkpoint of a trainer model_dir that has no
+    exported `params/` (what `load_encoder` loads then), else None."""
+    if step is not None:
+        return step
+    from xlm_jax.convert import hf as hf_lib
+
+    if not hf_lib.is_xlm_jax_dir(path) or os.path.isdir(os.path.join(path, hf_lib.PARAMS_DIR)):
+        return None
+    steps = hf_lib.checkpoint_steps(path)
+    return steps[-1] if steps else None
+
+
+def load_checkpoint(path: str, step: int | None = None) -> Any:
+    """`load_encoder(path)`, or `load_encoder(path, step=step)` when a step is given."""
+    from xlm_jax.encoder import load_encoder
+
+    if step is None:
+        return load_encoder(path)
+    try:
+        return load_encoder(path, step=step)
+    except TypeError as e:
+        if "step" not in str(e):
+            raise
+        raise ValueError(f"--step {step}: this xlm_jax's load_encoder() takes no step argument; "
+                         "point --checkpoint at a model directory instead") from None
+
+
+def _layer_arg(text: str) -> int | str:
+    if text == "all":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--layer {text!r}: expected an integer or 'all'") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m xlm_jax.evaluation.retrieval",
+                                description=__doc__.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True,
+                   help="HF XLM-R dir, xlm_jax model dir, or trainer model_dir")
+    p.add_argument("--step", type=int, default=None,
+                   help="trainer checkpoint step (default: latest)")
+    p.add_argument("--tatoeba_dir", required=True, help=f"directory with {FILE_PATTERN}")
+    p.add_argument("--layer", type=_layer_arg, required=True,
+                   help="layer to pool (0 = embeddings, L = last) or 'all'")
+    p.add_argument("--languages", default=None,
+                   help="comma-separated, e.g. de,fr (default: all found)")
+    p.add_argument("--pool", default="mean", choices=POOLS)
+    p.add_argument("--max_length", type=int, default=128)
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--output_json", required=True)
+    p.add_argument("--plot", default=None,
+                   help="PNG path (default with --layer all: the JSON's path with .png)")
+    args = p.parse_args(argv)
+    languages = ([l.strip() for l in args.languages.split(",") if l.strip()]
+                 if args.languages else None)
+    try:
+        find_languages(args.tatoeba_dir)  # a bad data dir fails before the model is loaded
+        encoder = load_checkpoint(args.checkpoint, args.step)
+        result = evaluate(encoder, args.tatoeba_dir, args.layer, languages, pool=args.pool,
+                          max_length=args.max_length, batch_size=args.batch_size,
+                          checkpoint=os.path.abspath(args.checkpoint),
+                          step=_resolve_step(args.checkpoint, args.step))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out_dir = os.path.dirname(os.path.abspath(args.output_json))
+    os.makedirs(out_dir, exist_ok=True)
+    with open(args.output_json, "w", encoding="utf-8") as f:
+        json.dump(result.to_json(), f, indent=2)
+    for lang, s in sorted(result.per_language.items()):
+        print(f"{lang}: {lang}->eng {100 * s.src_to_eng:.1f}  eng->{lang} {100 * s.eng_to_src:.1f}")
+    print(f"layer {result.reported_layer}: average acc@1 {100 * result.average:.2f} "
+          f"-> {args.output_json}")
+    plot = args.plot or (os.path.splitext(args.output_json)[0] + ".png"
+                         if result.layer == "all" else None)
+    if plot:
+        plot_layers(result, plot)
+        print(f"plot -> {plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
