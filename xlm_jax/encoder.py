@@ -114,12 +114,13 @@ def _positions(attention_mask: jax.Array) -> jax.Array:
     return jnp.where(valid > 0, jnp.cumsum(valid, axis=-1) - 1, 0)
 
 
-def load_encoder(path: str) -> Encoder:
-    """Loads an HF XLM-R directory or an xlm_jax model directory."""
+def load_encoder(path: str, step: int | None = None) -> Encoder:
+    """Loads an HF XLM-R directory, an xlm_jax model directory, or a trainer model_dir
+    (checkpoint `step`, default the latest)."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: not a directory")
     if hf_lib.is_xlm_jax_dir(path):
-        cfg, params = hf_lib.load_xlm_jax(path)
+        cfg, params = hf_lib.load_xlm_jax(path, step=step)
     elif hf_lib.is_hf_dir(path):
         cfg, params = hf_lib.load_hf_dir(path)
     else:

@@ -272,15 +272,16 @@ def read_model_config(path: str) -> ModelConfig:
     return ModelConfig(**raw)
 
 
-def load_xlm_jax(model_dir: str) -> tuple[ModelConfig, Params]:
-    """Reads an xlm_jax model directory (or a trainer model_dir's latest checkpoint)."""
+def load_xlm_jax(model_dir: str, step: int | None = None) -> tuple[ModelConfig, Params]:
+    """Reads an xlm_jax model directory, or a trainer model_dir's checkpoint (`step`, default
+    the latest)."""
     import orbax.checkpoint as ocp
 
     model_dir = os.path.abspath(model_dir)
     cfg = read_model_config(os.path.join(model_dir, CONFIG_NAME))
     params_dir = os.path.join(model_dir, PARAMS_DIR)
-    if not os.path.isdir(params_dir):
-        params_dir = latest_trainer_params(model_dir)
+    if step is not None or not os.path.isdir(params_dir):
+        params_dir = trainer_state_dir(model_dir, step)
     with ocp.StandardCheckpointer() as ckptr:
         params = ckptr.restore(params_dir)
     if "params" in params and "embeddings" not in params:
@@ -289,13 +290,25 @@ def load_xlm_jax(model_dir: str) -> tuple[ModelConfig, Params]:
     return cfg, params
 
 
-def latest_trainer_params(model_dir: str) -> str:
-    """Path of the params item in the newest trainer checkpoint under `model_dir/checkpoints`."""
+def checkpoint_steps(model_dir: str) -> list[int]:
+    """Finished trainer checkpoint steps under `model_dir/checkpoints`, ascending."""
     root = os.path.join(model_dir, "checkpoints")
-    steps = sorted((int(s) for s in os.listdir(root) if s.isdigit()) if os.path.isdir(root) else [])
+    if not os.path.isdir(root):
+        return []
+    return sorted(int(s) for s in os.listdir(root)
+                  if s.isdigit() and os.path.isdir(os.path.join(root, s, "state")))
+
+
+def trainer_state_dir(model_dir: str, step: int | None = None) -> str:
+    """Path of the train-state item of a trainer checkpoint (default: the newest)."""
+    steps = checkpoint_steps(model_dir)
     if not steps:
-        raise FileNotFoundError(f"{model_dir}: neither {PARAMS_DIR}/ nor checkpoints/<step>/ found")
-    return os.path.join(root, str(steps[-1]), "params")
+        raise FileNotFoundError(f"{model_dir}: neither {PARAMS_DIR}/ nor checkpoints/<step>/state found")
+    if step is None:
+        step = steps[-1]
+    if step not in steps:
+        raise FileNotFoundError(f"{model_dir}: no checkpoint for step {step}; available: {steps}")
+    return os.path.join(model_dir, "checkpoints", str(step), "state")
 
 
 def check_params(params: Params, cfg: ModelConfig, source: str) -> None:

@@ -1,0 +1,154 @@
+"""The training CLI as users run it (subprocesses): exact resume after SIGKILL, two processes
+with gloo collectives, TensorBoard output, gin files and the bad-input errors."""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SYNTH = "--gin_file=demo/synthetic.gin"
+
+
+def _env(devices=1, **extra):
+    env = dict(os.environ)
+    env.update({"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+                "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}, **extra)
+    return env
+
+
+def _run(args, devices=1, timeout=300, **extra):
+    return subprocess.run([sys.executable, "-m", "xlm_jax.train", *args], cwd=ROOT,
+                          env=_env(devices, **extra), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _losses(model_dir):
+    rows = [json.loads(line) for line in open(os.path.join(model_dir, "metrics.jsonl"))]
+    return {r["step"]: r["loss"] for r in rows if r.get("split") == "train"}
+
+
+def _params(model_dir):
+    from xlm_jax.convert import hf
+
+    import jax
+    return {jax.tree_util.keystr(p): np.asarray(v) for p, v in
+            jax.tree_util.tree_flatten_with_path(hf.load_xlm_jax(model_dir)[1])[0]}
+
+
+def test_sigkill_then_resume_is_exact(tmp_path):
+    straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+    r = _run([SYNTH, f"--model_dir={straight}"])
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    proc = subprocess.Popen([sys.executable, "-m", "xlm_jax.train", SYNTH,
+                             f"--model_dir={killed}"], cwd=ROOT,
+                            env=_env(XLM_JAX_DEBUG_STALL_AT_STEP="10"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ckpt10 = os.path.join(killed, "checkpoints", "10", "commit_success.txt")
+    deadline = time.time() + 240
+    while not os.path.exists(ckpt10) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    assert os.path.exists(ckpt10), "no step-10 checkpoint appeared"
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(60) == -signal.SIGKILL
+    assert max(_losses(killed)) == 10
+
+    r = _run([SYNTH, f"--model_dir={killed}"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = _losses(straight), _losses(killed)
+    assert sorted(a) == sorted(b) == list(range(1, 21))
+    assert [a[s] for s in range(1, 21)] == [b[s] for s in range(1, 21)]  # bit-identical
+    pa, pb = _params(straight), _params(killed)
+    assert pa.keys() == pb.keys()
+    for k in pa:
+        np.testing.assert_array_equal(pa[k], pb[k], err_msg=k)
+
+    # TensorBoard event files of the real run hold the same losses.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(os.path.join(straight, "train"))
+    acc.Reload()
+    events = acc.Scalars("loss")
+    assert [e.step for e in events] == list(range(1, 21))
+    np.testing.assert_allclose([e.value for e in events], [a[s] for s in range(1, 21)], rtol=1e-6)
+    for name in ("mmlm/loss", "tlm/loss", "learning_rate", "grad_norm", "tokens_per_sec"):
+        assert name in acc.Tags()["scalars"], name
+
+    # The run records what produced it.
+    info = json.load(open(os.path.join(straight, "run_info.json")))
+    assert info["versions"]["jax"] and "operative" not in info
+    assert "loop.train" in open(os.path.join(straight, "operative_config.gin")).read()
+
+
+def test_two_processes_match_one_process_with_four_devices(tmp_path):
+    one = str(tmp_path / "one")
+    r = _run([SYNTH, f"--model_dir={one}", "--gin.TRAIN_STEPS=5"], devices=4)
+    assert r.returncode == 0, r.stderr[-3000:]
+    two = str(tmp_path / "two")
+    r = subprocess.run(["bash", "launch/local_multiprocess.sh", "-n", "2", "-d", "2",
+                        "-l", str(tmp_path / "logs"), "-t", "300", "--", SYNTH,
+                        f"--model_dir={two}", "--gin.TRAIN_STEPS=5"],
+                       cwd=ROOT, env=_env(PYTHON=sys.executable), capture_output=True,
+                       text=True, timeout=400)
+    logs = "".join(open(f).read()[-2000:] for f in glob.glob(str(tmp_path / "logs" / "*")))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:] + logs
+    la, lb = _losses(one), _losses(two)
+    assert sorted(la) == sorted(lb) == [1, 2, 3, 4, 5]
+    np.testing.assert_allclose([lb[s] for s in la], [la[s] for s in la], atol=1e-5, rtol=0)
+    info = json.load(open(os.path.join(two, "run_info.json")))
+    assert info["process_count"] == 2 and info["device_count"] == 4
+
+
+def _error(r):
+    assert r.returncode != 0
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, r.stderr[-3000:]
+    return lines[0]
+
+
+def test_unknown_gin_binding_fails_before_compiling(tmp_path):
+    r = _run([SYNTH, f"--model_dir={tmp_path}", "--gin.loop.train.no_such_option=3"])
+    msg = _error(r)
+    assert "no_such_option" in msg
+    assert not os.path.exists(tmp_path / "checkpoints")  # nothing was built
+
+
+def test_missing_required_macro_is_named(tmp_path):
+    r = _run(["--gin_file=runs/xlmr_base_mmlm.gin", f"--model_dir={tmp_path}"])
+    msg = _error(r)
+    assert "required gin macro(s) not set: MONO_TASK, TRAIN_STEPS" in msg
+    assert not os.path.exists(tmp_path / "checkpoints")
+
+
+def test_missing_gin_file_lists_where_it_looked(tmp_path):
+    msg = _error(_run(["--gin_file=runs/nope.gin", f"--model_dir={tmp_path}"]))
+    assert "runs/nope.gin" in msg and os.path.join(ROOT, "gin_configs", "runs", "nope.gin") in msg
+
+
+def test_unwritable_model_dir(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    msg = _error(_run([SYNTH, f"--model_dir={blocker}/run"]))
+    assert str(blocker) in msg
+
+
+def test_every_shipped_gin_file_parses():
+    import gin
+
+    from xlm_jax.train import gin_utils
+
+    files = sorted(glob.glob(os.path.join(ROOT, "gin_configs", "**", "*.gin"), recursive=True))
+    assert len(files) >= 6
+    for path in files:
+        gin.clear_config()
+        gin_utils.parse([path], [], check_required=False)
+    gin.clear_config()
+    with pytest.raises(ValueError, match="required gin macro.*MONO_TASK, TRAIN_STEPS"):
+        gin_utils.parse(["runs/xlmr_base_mmlm.gin"], [])
+    gin.clear_config()

@@ -1,0 +1,120 @@
+"""Trainer correctness: sharded == single device, accumulation == big batch, restore onto a
+different mesh, NaN stop, and the bad-input errors."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from xlm_jax.objectives.mlm import MaskedLM
+from xlm_jax.train import checkpoints, loop, optim, partitioning
+
+SMALL = {"vocab_size": 256, "num_layers": 2, "hidden_size": 32, "num_heads": 4, "mlp_dim": 64,
+         "max_positions": 66, "dropout_rate": 0.0, "attention_dropout_rate": 0.0}
+
+
+def _objectives(factory=MaskedLM):
+    return {
+        "mmlm": loop.ObjectiveSpec(factory=lambda model, name: factory(
+            model, name=name, stream="mono", max_predictions=6), task="synthetic:mono"),
+        "tlm": loop.ObjectiveSpec(factory=lambda model, name: MaskedLM(
+            model, name=name, stream="pair", max_predictions=6), task="synthetic:pair"),
+    }
+
+
+def _train(model_dir, steps, mesh=None, num_devices=1, accum=1, batch=8, save_every=1000,
+           objectives=None, **kw):
+    return loop.train(
+        str(model_dir), model=loop.model_config("tiny", SMALL),
+        objectives=objectives or _objectives(), train_steps=steps, batch_size=batch, seq_len=32,
+        accum_steps=accum,
+        optimizer=optim.OptimizerConfig(learning_rate=3e-3, warmup_steps=2, total_steps=20),
+        mesh=mesh or partitioning.MeshConfig(data=-1), num_devices=num_devices,
+        checkpoint=checkpoints.CheckpointConfig(save_every_steps=save_every, keep=5,
+                                                async_save=False),
+        log_every=1, stream=open(os.devnull, "w"), **kw)
+
+
+def _final_params(model_dir):
+    from xlm_jax.convert import hf
+
+    return hf.load_xlm_jax(str(model_dir))[1]
+
+
+def _assert_trees_close(a, b, atol):
+    flat_a = jax.tree_util.tree_flatten_with_path(a)[0]
+    flat_b = dict(jax.tree_util.tree_flatten_with_path(b)[0])
+    for path, x in flat_a:
+        np.testing.assert_allclose(np.asarray(x), np.asarray(flat_b[path]), atol=atol, rtol=0,
+                                   err_msg=jax.tree_util.keystr(path))
+
+
+def test_eight_devices_match_single_device(tmp_path):
+    single = _train(tmp_path / "one", 5)
+    sharded = _train(tmp_path / "eight", 5, mesh=partitioning.MeshConfig(data=2, fsdp=2, tensor=2),
+                     num_devices=8)
+    assert len(single.losses) == 5 and single.losses[0] > 5.0
+    np.testing.assert_allclose(sharded.losses, single.losses, atol=1e-5, rtol=0)
+    _assert_trees_close(_final_params(tmp_path / "eight"), _final_params(tmp_path / "one"), 1e-5)
+
+
+def test_gradient_accumulation_equals_big_batch(tmp_path):
+    big = _train(tmp_path / "big", 3, batch=16)
+    acc = _train(tmp_path / "acc", 3, batch=16, accum=4)
+    np.testing.assert_allclose(acc.losses, big.losses, atol=1e-5, rtol=0)
+    _assert_trees_close(_final_params(tmp_path / "acc"), _final_params(tmp_path / "big"), 1e-5)
+
+
+def test_restore_one_device_checkpoint_onto_eight(tmp_path):
+    straight = _train(tmp_path / "straight", 8)
+    first = _train(tmp_path / "moved", 4)  # 1 device; final save at step 4
+    assert first.losses == straight.losses[:4]
+    second = _train(tmp_path / "moved", 8, mesh=partitioning.MeshConfig(data=2, fsdp=2, tensor=2),
+                    num_devices=8)
+    assert len(second.losses) == 4  # resumed at step 4, ran 5..8
+    np.testing.assert_allclose(second.losses, straight.losses[4:], atol=1e-5, rtol=0)
+    _assert_trees_close(_final_params(tmp_path / "moved"), _final_params(tmp_path / "straight"),
+                        1e-5)
+
+
+class _NanAfterThreeSteps(MaskedLM):
+    """Counts optimizer steps in its objective state; its loss turns NaN from the 4th step."""
+
+    def init_state(self, params):
+        return {"updates": jnp.zeros((), jnp.int32)}
+
+    def after_update(self, params, state):
+        return {"updates": state["updates"] + 1}
+
+    def loss(self, params, prepared, rng, state, deterministic=False):
+        out = super().loss(params, prepared, rng, state, deterministic)
+        bad = jnp.where(state["updates"] >= 3, jnp.nan, 0.0)
+        return out.replace(loss_sum=out.loss_sum + bad,
+                           metrics={**out.metrics, "loss": out.metrics["loss"] + bad})
+
+
+def test_nan_loss_stops_naming_step_and_objective_keeping_last_good_checkpoint(tmp_path):
+    with pytest.raises(FloatingPointError) as e:
+        _train(tmp_path, 10, save_every=2, objectives=_objectives(_NanAfterThreeSteps))
+    msg = str(e.value)
+    assert "step 4" in msg and "'mmlm'" in msg and "last good checkpoint: step 2" in msg
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]
+    steps = [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")]
+    assert steps == [1, 2, 3]  # the NaN step was not logged as a normal step
+
+
+def test_batch_not_divisible_by_data_parallel_size(tmp_path):
+    with pytest.raises(ValueError, match=r"global batch size 6 is not divisible by the "
+                                         r"data-parallel size 4"):
+        _train(tmp_path, 2, batch=6, mesh=partitioning.MeshConfig(data=2, fsdp=2, tensor=2),
+               num_devices=8)
+
+
+def test_unwritable_model_dir_fails_at_start(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises((ValueError, PermissionError, OSError)) as e:
+        _train(blocker / "run", 2)
+    assert str(blocker) in str(e.value)

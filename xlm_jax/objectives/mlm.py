@@ -1,0 +1,72 @@
+"""MMLM and TLM (XLM / XLM-R): masked LM on monolingual rows and on concatenated pairs.
+
+Both are the same computation on different streams: MMLM reads monolingual segments, TLM reads
+`<s> src </s></s> tgt </s>` rows whose two sides may attend to each other, so the model can
+use the translation to restore masked words. Masking is dynamic (80/10/10, on device, per step)
+and logits are computed only at the `max_predictions` gathered positions.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.base import Batch, LossOutput, Objective
+from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
+
+
+def masked_lm_sums(logits: jax.Array, target_ids: jax.Array,
+                   weights: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Summed cross-entropy and number of correct predictions over weighted slots."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, target_ids[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    correct = (jnp.argmax(logits, axis=-1) == target_ids).astype(jnp.float32)
+    return jnp.sum(nll * weights), jnp.sum(correct * weights)
+
+
+def encoder_kwargs(batch: Batch) -> dict[str, Any]:
+    """Model inputs that a data batch may carry (packing, positions, language ids)."""
+    keys = ("positions", "segment_ids", "lang_ids", "token_type_ids")
+    return {k: batch[k] for k in keys if k in batch}
+
+
+class MaskedLM(Objective):
+    """Masked LM on one stream; `name="mmlm", stream="mono"` or `name="tlm", stream="pair"`."""
+
+    def __init__(self, model: Transformer, name: str = "mmlm", stream: str = "mono",
+                 mask_prob: float = 0.15, max_predictions: int = 20,
+                 use_lang_ids: bool | None = None):
+        self.model = model
+        cfg = model.config
+        # XLM-R layout: <mask> is the last id of the vocabulary.
+        self.masking = MaskingConfig(mask_prob=mask_prob, max_predictions=max_predictions,
+                                     mask_id=cfg.vocab_size - 1, vocab_size=cfg.vocab_size)
+        self.name, self.stream = name, stream
+        self.use_lang_ids = cfg.num_languages > 0 if use_lang_ids is None else use_lang_ids
+
+    def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
+        m = mask_tokens(rng, batch["input_ids"], None, self.masking)
+        return {**batch, "input_ids": m.input_ids, "target_positions": m.target_positions,
+                "target_ids": m.target_ids, "target_weights": m.target_weights}
+
+    def denominator(self, prepared: Batch) -> jax.Array:
+        return jnp.sum(prepared["target_weights"])
+
+    def loss(self, params: Any, prepared: Batch, rng: jax.Array, state: Any,
+             deterministic: bool = False) -> LossOutput:
+        kwargs = encoder_kwargs(prepared)
+        if not self.use_lang_ids:
+            kwargs.pop("lang_ids", None)
+
+        def forward(mdl: Transformer) -> jax.Array:
+            h = mdl.encode(prepared["input_ids"], deterministic=deterministic, **kwargs)
+            return mdl.mlm_logits(h.last_hidden_state, prepared["target_positions"])
+
+        logits = self.model.apply({"params": params}, rngs={"dropout": rng}, method=forward)
+        loss_sum, correct = masked_lm_sums(logits, prepared["target_ids"],
+                                           prepared["target_weights"])
+        count = jnp.sum(prepared["target_weights"])
+        return LossOutput(loss_sum=loss_sum, denominator=count,
+                          metrics={"loss": loss_sum, "accuracy": correct})

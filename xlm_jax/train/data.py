@@ -1,0 +1,51 @@
+"""Per-objective data streams for the trainer: seqio tasks or TF-free synthetic batches.
+
+A stream yields this process's rows of each global batch as numpy int32 arrays. Its position is
+the step number: a restored run rebuilds the stream with `start_step=step` and gets exactly the
+batches the uninterrupted run would have seen (the step is saved with every checkpoint).
+
+- `synthetic:KIND` (KIND = mono|pair|veco|mixup): the global batch is a function of
+  (seed, step) only and each process takes its rows, so any process/device layout sees the same
+  global batch. Needs no TensorFlow.
+- anything else is a registered seqio task or mixture; process p of P reads shard p of P with
+  global_batch / P rows (seqio/TensorFlow imported lazily).
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, Sequence
+
+import jax
+import numpy as np
+
+SYNTHETIC = "synthetic:"
+
+
+def import_modules(modules: Sequence[str]) -> None:
+    """Imports the modules that register seqio tasks (e.g. `tasks.demo`)."""
+    for name in modules:
+        importlib.import_module(name)
+
+
+def make_stream(task: str, global_batch: int, seq_len: int, seed: int, start_step: int,
+                vocab_size: int, process_index: int | None = None,
+                process_count: int | None = None, num_languages: int = 2
+                ) -> Iterator[dict[str, np.ndarray]]:
+    """This process's rows of every global batch from step `start_step` on."""
+    p = jax.process_index() if process_index is None else process_index
+    n = jax.process_count() if process_count is None else process_count
+    if global_batch % n:
+        raise ValueError(f"global batch {global_batch} is not divisible by the "
+                         f"{n} processes")
+    local = global_batch // n
+    if task.startswith(SYNTHETIC):
+        from xlm_jax.data.synthetic import synthetic_batches
+
+        kind = task[len(SYNTHETIC):]
+        full = synthetic_batches(global_batch, seq_len, vocab_size, kind=kind, seed=seed,
+                                 num_languages=num_languages, start_step=start_step)
+        return ({k: v[p * local:(p + 1) * local] for k, v in b.items()} for b in full)
+    from xlm_jax.data.pipeline import make_batch_iterator
+
+    return make_batch_iterator(task, local, seq_len, seed, shard_index=p, num_shards=n,
+                               start_step=start_step)

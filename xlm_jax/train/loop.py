@@ -1,0 +1,264 @@
+"""`train()`: the one gin-configurable entry point — read top to bottom.
+
+mesh -> model + objectives -> sharded state (init, HF init, or restore) -> data streams from
+the restored step -> jitted steps with metrics, NaN checks, checkpoints and periodic eval.
+Everything else is wired in .gin files (`gin_configs/`), as t5x does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import flax
+import flax.linen as nn
+import gin
+import jax
+import numpy as np
+
+from xlm_jax.models.config import ModelConfig, get_config
+from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.base import Objective
+from xlm_jax.train import checkpoints as ckpt_lib
+from xlm_jax.train import data as data_lib
+from xlm_jax.train import flops as flops_lib
+from xlm_jax.train import metrics as metrics_lib
+from xlm_jax.train import optim as optim_lib
+from xlm_jax.train import partitioning
+from xlm_jax.train import trainer as trainer_lib
+
+STALL_ENV = "XLM_JAX_DEBUG_STALL_AT_STEP"  # test hook: sleep forever after this step's save
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSpec:
+    """One objective of the mixture: how to build it, what feeds it, its loss weight."""
+
+    factory: Callable[..., Objective]  # called as factory(model=..., name=...)
+    task: str = "synthetic:mono"  # seqio task/mixture name, or synthetic:KIND
+    weight: float = 1.0
+    eval_task: str | None = None  # a held-out task for periodic eval (None: no eval)
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a finished run returns (the same numbers are in metrics.jsonl)."""
+
+    model_dir: str
+    final_step: int
+    losses: list[float]
+    last_metrics: dict[str, float]
+    step_seconds: list[float]  # wall time of each step, host sync included (first = compile)
+    tokens_per_step: float  # non-pad tokens per global step, all objectives
+    flops_per_token: float
+    model: ModelConfig
+    batch_size: int  # global, per objective
+    seq_len: int
+    objectives: tuple[str, ...]
+
+
+def model_config(size: str = "base", overrides: Mapping[str, Any] | None = None) -> ModelConfig:
+    """gin-friendly `get_config`: a named size plus a dict of field overrides."""
+    return get_config(size, **dict(overrides or {}))
+
+
+def _run_info() -> dict[str, Any]:
+    versions = {}
+    for mod in ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "numpy"):
+        try:
+            versions[mod] = __import__(mod, fromlist=["_"]).__version__
+        except Exception:  # noqa: BLE001 - informational only
+            versions[mod] = None
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        commit = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        commit = None
+    return {"versions": versions, "git_commit": commit, "python": sys.version.split()[0],
+            "argv": sys.argv, "process_count": jax.process_count(),
+            "device_count": jax.device_count()}
+
+
+def _write_model_files(model_dir: str, cfg: ModelConfig, spm_model: str | None) -> None:
+    with open(os.path.join(model_dir, "xlm_jax_config.json"), "w") as f:
+        json.dump(cfg.to_dict(), f, indent=2)
+    with open(os.path.join(model_dir, "run_info.json"), "w") as f:
+        json.dump(_run_info(), f, indent=2)
+    if spm_model:
+        shutil.copyfile(spm_model, os.path.join(model_dir, "spm.model"))
+
+
+def _global_batch(local: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, Any]:
+    return {k: jax.make_array_from_process_local_data(partitioning.batch_sharding(mesh, v.ndim), v)
+            for k, v in local.items()}
+
+
+@gin.configurable(denylist=["model_dir"])
+def train(model_dir: str,
+          *,
+          model: ModelConfig = gin.REQUIRED,
+          objectives: Mapping[str, ObjectiveSpec] = gin.REQUIRED,
+          train_steps: int = gin.REQUIRED,
+          batch_size: int = 32,
+          seq_len: int = 128,
+          accum_steps: int = 1,
+          optimizer: optim_lib.OptimizerConfig = optim_lib.OptimizerConfig(),
+          mesh: partitioning.MeshConfig = partitioning.MeshConfig(),
+          num_devices: int | None = None,
+          axis_rule_overrides: Sequence[tuple[str, Any]] = (),
+          checkpoint: ckpt_lib.CheckpointConfig = ckpt_lib.CheckpointConfig(),
+          log_every: int = 10,
+          eval_every: int = 0,
+          eval_batches: int = 4,
+          seed: int = 0,
+          task_modules: Sequence[str] = (),
+          init_from: str | None = None,
+          spm_model: str | None = None,
+          save_checkpoints: bool = True,
+          save_initial: bool = False,
+          force_synthetic: bool = False,
+          stream=sys.stdout) -> TrainResult:
+    """Trains the objective mixture; resumes from the latest checkpoint in `model_dir`."""
+    ckpt = ckpt_lib.Checkpointer(model_dir, checkpoint)  # fails now if model_dir is unwritable
+    device_mesh = partitioning.make_mesh(mesh, jax.devices()[:num_devices] if num_devices else None)
+    dp = partitioning.data_parallel_size(device_mesh)
+    if batch_size % dp:
+        raise ValueError(f"global batch size {batch_size} is not divisible by the data-parallel "
+                         f"size {dp} (mesh data x fsdp = {dict(device_mesh.shape)})")
+    if batch_size % accum_steps or (batch_size // accum_steps) % dp:
+        raise ValueError(f"global batch size {batch_size} with accum_steps={accum_steps} gives "
+                         f"microbatches not divisible by the data-parallel size {dp}")
+    rules = partitioning.standard_logical_axis_rules(axis_rule_overrides)
+    data_lib.import_modules(task_modules)
+
+    net = Transformer(model)
+    objs = [trainer_lib.WeightedObjective(spec.factory(model=net, name=name), spec.weight)
+            for name, spec in objectives.items()]
+    schedule = optim_lib.make_schedule(optimizer)
+    tx = optim_lib.make_optimizer(optimizer)
+    init_fn = trainer_lib.make_init_fn(net, objs, tx, seq_len)
+    abstract, shardings = trainer_lib.state_shardings(init_fn, device_mesh, rules)
+    is_primary = jax.process_index() == 0
+    if is_primary:
+        _write_model_files(model_dir, model, spm_model)
+
+    latest = ckpt.latest_step()
+    with device_mesh, nn.logical_axis_rules(rules):
+        if latest is None:
+            state = jax.jit(lambda r: nn.meta.unbox(init_fn(r)), out_shardings=shardings)(
+                jax.random.PRNGKey(seed))
+            if init_from:
+                from xlm_jax.encoder import load_encoder
+
+                pre = load_encoder(init_from).params
+                params = trainer_lib.load_pretrained_params(state.params, pre, init_from)
+                state = state.replace(params=jax.device_put(params, shardings.params))
+            start = 0
+            if save_initial and save_checkpoints:  # step 0 = the untrained model, for baselines
+                ckpt.save(0, flax.serialization.to_state_dict(state),
+                          extra={"step": 0, "data_position": 0}, force=True)
+        else:
+            target = jax.tree_util.tree_map(
+                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+            restored, extra = ckpt.restore(latest, flax.serialization.to_state_dict(target))
+            state = flax.serialization.from_state_dict(target, restored)
+            start = int(extra["step"])
+            print(f"resumed from {model_dir} step {start}", file=stream, flush=True)
+
+        tasks = {name: (f"{data_lib.SYNTHETIC}{o.objective.stream}" if force_synthetic else spec.task)
+                 for o, (name, spec) in zip(objs, objectives.items())}
+        streams = {name: data_lib.make_stream(tasks[name], batch_size, seq_len, seed + 1000 * i,
+                                              start, model.vocab_size,
+                                              num_languages=max(model.num_languages, 2))
+                   for i, (name, spec) in enumerate(objectives.items())}
+        step_fn = jax.jit(
+            trainer_lib.make_train_step(objs, tx, schedule, accum_steps),
+            in_shardings=(shardings, None, partitioning.replicated(device_mesh)),
+            out_shardings=(shardings, partitioning.replicated(device_mesh)),
+            donate_argnums=(0,))
+        eval_fn = jax.jit(trainer_lib.make_eval_step(objs))
+        writer = metrics_lib.MetricsWriter(model_dir, is_primary=is_primary)
+        progress = metrics_lib.Progress(train_steps, stream=stream, log_every=log_every,
+                                        is_primary=is_primary, start_step=start)
+        flops_per_token = flops_lib.train_flops_per_token(model, seq_len)
+        rng = jax.random.PRNGKey(seed + 1)
+        losses: list[float] = []
+        step_seconds: list[float] = []
+        tokens_per_step = 0.0
+        last: dict[str, float] = {}
+        window_tokens, window_start = 0, time.perf_counter()
+        stall = int(os.environ.get(STALL_ENV, "-1"))
+        for step in range(start, train_steps):
+            t0 = time.perf_counter()
+            local = {name: next(s) for name, s in streams.items()}
+            batches = {name: _global_batch(b, device_mesh) for name, b in local.items()}
+            state, metrics = step_fn(state, batches, rng)
+            metrics = jax.device_get(metrics)
+            step_seconds.append(time.perf_counter() - t0)
+            done = step + 1
+            for o in objs:
+                value = float(metrics[f"{o.name}/loss"])
+                if not np.isfinite(value):
+                    ckpt.wait()
+                    raise FloatingPointError(
+                        f"non-finite loss {value} at step {done} in objective '{o.name}'; "
+                        f"last good checkpoint: step {ckpt.latest_step()} in {model_dir}")
+            losses.append(float(metrics["loss"]))
+            tokens_per_step = sum(int((b["input_ids"] != model.pad_id).sum())
+                                  for b in local.values()) * jax.process_count()
+            window_tokens += tokens_per_step
+            if done % log_every == 0 or done == train_steps:
+                elapsed = max(time.perf_counter() - window_start, 1e-9)
+                last = {k: float(v) for k, v in metrics.items()}
+                last["tokens_per_sec"] = window_tokens / elapsed
+                last["mfu"] = flops_lib.mfu(flops_per_token * last["tokens_per_sec"])
+                writer.write_scalars(done, last, prefix="train")
+                progress.update(done, last)
+                window_tokens, window_start = 0, time.perf_counter()
+            if eval_every and done % eval_every == 0:
+                _evaluate(objectives, objs, eval_fn, state, device_mesh, batch_size, seq_len,
+                          seed, model, eval_batches, writer, done)
+            if save_checkpoints and (ckpt.should_save(done) or done == train_steps):
+                ckpt.save(done, flax.serialization.to_state_dict(state),
+                          extra={"step": done, "data_position": done,
+                                 "tasks": {n: s.task for n, s in objectives.items()}},
+                          force=done == train_steps)
+            if done == 1 and is_primary:
+                with open(os.path.join(model_dir, "operative_config.gin"), "w") as f:
+                    f.write(gin.operative_config_str())
+            if done == stall:
+                ckpt.wait()
+                while True:
+                    time.sleep(60)
+        ckpt.wait()
+        ckpt.close()
+        writer.close()
+    return TrainResult(model_dir=model_dir, final_step=train_steps, losses=losses,
+                       last_metrics=last, step_seconds=step_seconds,
+                       tokens_per_step=tokens_per_step, flops_per_token=flops_per_token,
+                       model=model, batch_size=batch_size, seq_len=seq_len,
+                       objectives=tuple(objectives))
+
+
+def _evaluate(specs, objs, eval_fn, state, mesh, batch_size, seq_len, seed, model,
+              num_batches, writer, step) -> None:
+    """Mean of each objective's eval metrics over `num_batches` batches of its eval_task."""
+    evaluated = [(o, specs[o.name].eval_task) for o in objs if specs[o.name].eval_task]
+    if not evaluated:
+        return
+    sums: dict[str, float] = {}
+    for o, task in evaluated:
+        s = data_lib.make_stream(task, batch_size, seq_len, seed + 7, 0, model.vocab_size)
+        for i in range(num_batches):
+            m = jax.device_get(eval_fn(state, {o.name: _global_batch(next(s), mesh)},
+                                       jax.random.PRNGKey(i)))
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + float(v) / num_batches
+    writer.write_scalars(step, sums, prefix="eval")

@@ -1,0 +1,205 @@
+"""TrainState, the pure train step, sharded initialisation and restore.
+
+The train step is one pure function handed to `jax.jit` with in/out shardings and a donated
+state. It calls the objectives of the mixture — one batch per objective per step — and never
+looks inside them. Gradient accumulation splits the (already corrupted, see
+`objectives.base`) global batch into microbatches and sums gradients with `lax.scan`, dividing
+by the global unit counts, so 4 x B/4 equals one step of B.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.base import Batch, Objective
+from xlm_jax.train import optim as optim_lib
+from xlm_jax.train import partitioning
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything a step changes; sharded by the logical rules and checkpointed whole."""
+
+    step: Array
+    params: Any
+    opt_state: Any
+    obj_state: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightedObjective:
+    """An objective of the mixture with its loss weight."""
+
+    objective: Objective
+    weight: float = 1.0
+
+    @property
+    def name(self) -> str:
+        return self.objective.name
+
+
+def init_batch_shapes(model: Transformer, batch_size: int, seq_len: int) -> dict[str, Any]:
+    ids = jnp.ones((batch_size, seq_len), jnp.int32)
+    kw: dict[str, Any] = {}
+    if model.config.num_languages:
+        kw["lang_ids"] = jnp.zeros((batch_size, seq_len), jnp.int32)
+    if model.config.cross_attention:
+        kw["encoder_states"] = jnp.zeros((batch_size, seq_len, model.config.hidden_size),
+                                         model.config.compute_dtype)
+    return {"input_ids": ids, **kw}
+
+
+def make_init_fn(model: Transformer, objectives: Sequence[WeightedObjective],
+                 optimizer: optax.GradientTransformation, seq_len: int
+                 ) -> Callable[[Array], TrainState]:
+    """Returns `init(rng) -> TrainState` whose params are boxed with logical axis names."""
+
+    def init(rng: Array) -> TrainState:
+        inputs = init_batch_shapes(model, 1, seq_len)
+        params = model.init(rng, inputs.pop("input_ids"), **inputs)["params"]
+        opt_state = optimizer.init(params)
+        unboxed = nn.meta.unbox(params)
+        obj_state = {o.name: o.objective.init_state(unboxed) for o in objectives}
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
+                          obj_state=obj_state)
+
+    return init
+
+
+def state_shardings(init_fn: Callable[[Array], TrainState], mesh: jax.sharding.Mesh,
+                    rules: partitioning.Rules) -> tuple[Any, Any]:
+    """(abstract unboxed state, its NamedShardings) from the logical annotations."""
+    boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
+    shardings = partitioning.logical_shardings(boxed, mesh, rules)
+    abstract = nn.meta.unbox(boxed)
+    return abstract, shardings
+
+
+def _split_micro(tree: Any, accum: int) -> Any:
+    def split(x: Array) -> Array:
+        if x.shape[0] % accum:
+            raise ValueError(f"batch of {x.shape[0]} rows is not divisible into {accum} "
+                             "microbatches (train.accum_steps)")
+        return x.reshape((accum, x.shape[0] // accum) + x.shape[1:])
+    return jax.tree_util.tree_map(split, tree)
+
+
+def make_train_step(objectives: Sequence[WeightedObjective],
+                    optimizer: optax.GradientTransformation,
+                    schedule: optax.Schedule | None = None,
+                    accum_steps: int = 1) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
+    """The pure step: `train_step(state, batches, rng) -> (state, metrics)`.
+
+    `batches` maps objective name -> its batch; `rng` is the run's base key (the step's key
+    is folded in from `state.step`, so a resumed run draws the same randomness).
+    """
+    names = [o.name for o in objectives]
+
+    def train_step(state: TrainState, batches: Mapping[str, Batch], rng: Array):
+        step_rng = jax.random.fold_in(rng, state.step)
+        prepared, denoms, loss_rngs = {}, {}, {}
+        for i, o in enumerate(objectives):
+            prep_rng, loss_rngs[o.name] = jax.random.split(jax.random.fold_in(step_rng, i))
+            prepared[o.name] = o.objective.prepare(batches[o.name], prep_rng)
+            denoms[o.name] = jnp.maximum(o.objective.denominator(prepared[o.name]), 1.0)
+
+        def micro_loss(params: Any, micro: Mapping[str, Batch], index: Array):
+            total = 0.0
+            sums = {}
+            for o in objectives:
+                out = o.objective.loss(params, micro[o.name],
+                                       jax.random.fold_in(loss_rngs[o.name], index),
+                                       state.obj_state[o.name])
+                total = total + o.weight * out.loss_sum / denoms[o.name]
+                sums[o.name] = out.metrics
+            return total, sums
+
+        grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+        if accum_steps == 1:
+            (loss, sums), grads = grad_fn(state.params, prepared, jnp.int32(0))
+        else:
+            micro = _split_micro(prepared, accum_steps)
+
+            def body(carry, xs):
+                g_acc, l_acc, s_acc = carry
+                (l, s), g = grad_fn(state.params, xs[0], xs[1])
+                add = lambda a, b: jax.tree_util.tree_map(jnp.add, a, b)  # noqa: E731
+                return (add(g_acc, g), l_acc + l, add(s_acc, s)), None
+
+            zeros_g = jax.tree_util.tree_map(jnp.zeros_like, state.params)
+            zeros_s = jax.eval_shape(lambda: grad_fn(state.params, jax.tree_util.tree_map(
+                lambda x: x[0], micro), jnp.int32(0))[0][1])
+            zeros_s = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), zeros_s)
+            (grads, loss, sums), _ = jax.lax.scan(
+                body, (zeros_g, jnp.zeros((), jnp.float32), zeros_s),
+                (micro, jnp.arange(accum_steps, dtype=jnp.int32)))
+
+        grad_norm = optim_lib.global_norm(grads)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        obj_state = {o.name: o.objective.after_update(params, state.obj_state[o.name])
+                     for o in objectives}
+        metrics: dict[str, Array] = {"loss": loss, "grad_norm": grad_norm}
+        for name in names:
+            for key, value in sums[name].items():
+                metrics[f"{name}/{key}"] = value / denoms[name]
+            metrics[f"{name}/count"] = denoms[name]
+        if schedule is not None:
+            metrics["learning_rate"] = schedule(state.step)
+        new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
+                               obj_state=obj_state)
+        return new_state, metrics
+
+    return train_step
+
+
+def make_eval_step(objectives: Sequence[WeightedObjective]) -> Callable[..., dict[str, Array]]:
+    """Loss/accuracy of each objective on a batch, dropout off (same corruption as training)."""
+
+    def eval_step(state: TrainState, batches: Mapping[str, Batch], rng: Array):
+        metrics = {}
+        for i, o in enumerate(objectives):
+            if o.name not in batches:  # objectives without an eval task are skipped
+                continue
+            prep_rng, loss_rng = jax.random.split(jax.random.fold_in(rng, i))
+            prepared = o.objective.prepare(batches[o.name], prep_rng)
+            out = o.objective.loss(state.params, prepared, loss_rng, state.obj_state[o.name],
+                                   deterministic=True)
+            denom = jnp.maximum(out.denominator, 1.0)
+            for key, value in out.metrics.items():
+                metrics[f"{o.name}/{key}"] = value / denom
+        return metrics
+
+    return eval_step
+
+
+def load_pretrained_params(params: Any, pretrained: Any, source: str) -> Any:
+    """Copies every parameter of `pretrained` into `params` (same paths, same shapes).
+
+    Parameters the pretrained model lacks (new heads, language embeddings) keep their
+    initialisation; a shape mismatch is a one-line error naming the parameter.
+    """
+    flat_pre = {jax.tree_util.keystr(p): v for p, v in
+                jax.tree_util.tree_flatten_with_path(pretrained)[0]}
+
+    def pick(path, value):
+        key = jax.tree_util.keystr(path)
+        if key not in flat_pre:
+            return value
+        new = flat_pre[key]
+        if tuple(new.shape) != tuple(value.shape):
+            raise ValueError(f"{source}: parameter {key} has shape {tuple(new.shape)} but the "
+                             f"model expects {tuple(value.shape)}")
+        return jnp.asarray(new, value.dtype)
+
+    return jax.tree_util.tree_map_with_path(pick, params)
