@@ -101,6 +101,7 @@ def mask_tokens(rng: jax.Array, input_ids: jax.Array, eligible: jax.Array | None
       MaskedInputs; the predictions of a row sit in its first k slots in ascending
       position order.
     """
+    input_ids = jnp.asarray(input_ids)  # numpy batches work outside jit too
     if input_ids.ndim != 2:
         raise ValueError(f"mask_tokens: input_ids must be [batch, length], got shape "
                          f"{tuple(input_ids.shape)}")
