@@ -108,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.pipeline:
         from xlm_jax.data.pipeline_bench import main as pipeline_main
 
-        return pipeline_main(["--pipeline", args.pipeline] + rest) or 0
+        pipeline_main(["--pipeline", args.pipeline] + rest)  # prints its figures
+        return 0
     from xlm_jax.train.gin_utils import rewrite_gin_args
 
     bindings = list(args.gin_bindings)

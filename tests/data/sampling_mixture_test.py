@@ -1,0 +1,60 @@
+"""Mixture sampling: observed language frequencies over 20k examples vs n^a / sum n^a.
+
+Three temp corpora of very different sizes; the sizes n are recounted here independently
+(plain file reading + the TF-free `XLMRTokenizer`), the rates come from the formula, and the
+observed frequencies from the real seqio mixture (`inspect.mixture_frequencies`).
+"""
+
+import random
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+spm = pytest.importorskip("sentencepiece")
+
+from xlm_jax.data import inspect as data_inspect  # noqa: E402
+from xlm_jax.data import registry  # noqa: E402
+from xlm_jax.data.vocab import XLMRTokenizer, get_vocabulary  # noqa: E402
+
+DOCS = {"en": 300, "fr": 30, "sw": 3}  # documents per language: ~100x between largest/smallest
+NUM_EXAMPLES = 20_000
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sampling")
+    rnd = random.Random(0)
+    words = {lang: [f"{lang}{i}" for i in range(12)] for lang in DOCS}
+    (root / "spm.txt").write_text(
+        "\n".join(" ".join(rnd.choice(words[l]) for _ in range(6)) for l in DOCS
+                  for _ in range(100)))
+    spm.SentencePieceTrainer.train(
+        input=str(root / "spm.txt"), model_prefix=str(root / "spm"), vocab_size=50,
+        hard_vocab_limit=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    tok = XLMRTokenizer(str(root / "spm.model"))
+    sizes = {}
+    for lang, n_docs in DOCS.items():
+        docs = [[" ".join(rnd.choice(words[lang]) for _ in range(rnd.randint(3, 8)))
+                 for _ in range(rnd.randint(1, 3))] for _ in range(n_docs)]
+        (root / f"{lang}.txt").write_text("".join("\n".join(d) + "\n\n" for d in docs))
+        # independent size: pieces of every line + one </s> per document
+        sizes[lang] = sum(len(tok.encode(s)) for d in docs for s in d) + len(docs)
+    return {"dir": str(root), "vocab": get_vocabulary(str(root / "spm.model")), "sizes": sizes}
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.7, 1.0])
+def test_observed_frequencies_match_smoothed_rates(corpus, alpha):
+    name = f"samp_{str(alpha).replace('.', '')}"
+    reg = registry.register_monolingual(name, corpus["dir"], list(DOCS), corpus["vocab"],
+                                        alpha=alpha)
+    assert {k: s.tokens for k, s in reg.stats.items()} == corpus["sizes"]
+    total = sum(n ** alpha for n in corpus["sizes"].values())
+    expected = {f"{name}_{lang}": n ** alpha / total for lang, n in corpus["sizes"].items()}
+    rows = data_inspect.mixture_frequencies(name, NUM_EXAMPLES, sequence_length=8,
+                                            seed=int(alpha * 10))
+    assert sum(r.count for r in rows) == NUM_EXAMPLES
+    for r in rows:
+        assert r.expected == pytest.approx(expected[r.task], abs=1e-12)
+        assert abs(r.observed - expected[r.task]) < 0.02, (alpha, r)
+    if alpha == 1.0:  # the sizes really differ: the smallest language is rare without smoothing
+        assert min(expected.values()) < 0.02 and max(expected.values()) > 0.85

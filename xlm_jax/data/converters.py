@@ -1,0 +1,137 @@
+"""seqio FeatureConverters: task features -> the static-shape model features.
+
+Task features (what the preprocessors emit, variable length, int32):
+  mono / pair   `input_ids`, `pair_side`, `lang_ids`
+  veco          `x_*` and `y_*` copies of those three
+  mixup         `query_*` and `key_*` copies
+
+Model features (int32, exactly [T]): the five features of `xlm_jax.data.pipeline` —
+`input_ids` (pad 1), `positions`, `segment_ids`, `pair_side`, `lang_ids` — with the same
+prefixes. seqio's own padding/packing pads with 0 (which is `<s>` here) and finds lengths by
+counting non-zero ids, so these converters pad and pack themselves.
+
+  MonolingualConverter  one example per row, padded (pack=True packs short ones instead)
+  PairConverter         packs pairs greedily into rows (pack=False: one pair per row)
+  VecoPairConverter     x and y rows, each padded (no packing: rows are aligned)
+  MixupConverter        query and key rows, each padded (no packing: one `<s>` per row)
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import seqio
+import tensorflow as tf
+
+from xlm_jax.data import preprocessors
+from xlm_jax.data.pipeline import FEATURES, PREFIXES as KIND_PREFIXES, feature_names
+
+__all__ = [
+    "MonolingualConverter",
+    "PairConverter",
+    "VecoPairConverter",
+    "MixupConverter",
+    "converter_for_kind",
+    "task_feature_lengths",
+]
+
+_Spec = seqio.FeatureConverter.FeatureSpec
+
+
+def _task_specs(prefixes) -> dict:
+    return {p + k: _Spec(dtype=tf.int32) for p in prefixes for k in preprocessors.TOKEN_FEATURES}
+
+
+def _model_specs(prefixes) -> dict:
+    return {p + k: _Spec(dtype=tf.int32) for p in prefixes for k in FEATURES}
+
+
+class _XlmConverter(seqio.FeatureConverter):
+    """Shared logic: pad (or pack) each prefix group of features to its task length."""
+
+    PREFIXES: tuple[str, ...] = ("",)
+    # positions / segment ids are ordinary model features here, not seqio packing extras
+    PACKING_FEATURE_DTYPES: Mapping[str, tf.dtypes.DType] = {}
+    PACKABLE = True
+
+    def __init__(self, pack: bool = False, pack_window: int = 256, **kwargs):
+        if pack and not self.PACKABLE:
+            raise ValueError(f"{type(self).__name__} cannot pack: its rows must stay aligned")
+        if pack_window < 1:
+            raise ValueError(f"{type(self).__name__}: pack_window must be >= 1, got {pack_window}")
+        self._pack_window = pack_window
+        super().__init__(pack=pack, **kwargs)
+
+    def _convert_features(self, ds: tf.data.Dataset,
+                          task_feature_lengths: Mapping[str, int]) -> tf.data.Dataset:
+        if self.pack:
+            (prefix,) = self.PREFIXES
+            return preprocessors.pack_dataset(ds, task_feature_lengths[prefix + "input_ids"],
+                                              prefix, self._pack_window)
+
+        def convert(ex):
+            out = {}
+            for p in self.PREFIXES:
+                out.update(preprocessors.finalize_unpacked(
+                    ex, task_feature_lengths[p + "input_ids"], p))
+            return out
+
+        return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+
+    def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]
+                                  ) -> Mapping[str, int]:
+        return {p + k: task_feature_lengths[p + "input_ids"]
+                for p in self.PREFIXES for k in FEATURES}
+
+
+class MonolingualConverter(_XlmConverter):
+    """Full-length monolingual segments: one per row, padded to T (see module docstring)."""
+
+    TASK_FEATURES = _task_specs(KIND_PREFIXES["mono"])
+    MODEL_FEATURES = _model_specs(KIND_PREFIXES["mono"])
+
+
+class PairConverter(_XlmConverter):
+    """Sentence pairs packed greedily into rows of T (segment_ids 1..k, positions restart)."""
+
+    TASK_FEATURES = _task_specs(KIND_PREFIXES["pair"])
+    MODEL_FEATURES = _model_specs(KIND_PREFIXES["pair"])
+
+    def __init__(self, pack: bool = True, **kwargs):
+        super().__init__(pack=pack, **kwargs)
+
+
+class VecoPairConverter(_XlmConverter):
+    """VECO examples: aligned `x_*` and `y_*` rows, each padded to its length."""
+
+    PREFIXES = KIND_PREFIXES["veco"]
+    PACKABLE = False
+    TASK_FEATURES = _task_specs(PREFIXES)
+    MODEL_FEATURES = _model_specs(PREFIXES)
+
+
+class MixupConverter(_XlmConverter):
+    """XLCo mixup examples: aligned `query_*` and `key_*` rows, each padded to its length."""
+
+    PREFIXES = KIND_PREFIXES["mixup"]
+    PACKABLE = False
+    TASK_FEATURES = _task_specs(PREFIXES)
+    MODEL_FEATURES = _model_specs(PREFIXES)
+
+
+_CONVERTERS = {"mono": MonolingualConverter, "pair": PairConverter, "veco": VecoPairConverter,
+               "mixup": MixupConverter}
+
+
+def converter_for_kind(kind: str, **kwargs) -> seqio.FeatureConverter:
+    """The converter instance for an example kind (`mono`, `pair`, `veco`, `mixup`)."""
+    if kind not in _CONVERTERS:
+        raise ValueError(f"unknown example kind {kind!r}: expected one of {sorted(_CONVERTERS)}")
+    return _CONVERTERS[kind](**kwargs)
+
+
+def task_feature_lengths(kind: str, sequence_length: int) -> dict[str, int]:
+    """`{task feature: sequence_length}` for every task feature of `kind`."""
+    names = [n for n in feature_names(kind)
+             if n.endswith(preprocessors.TOKEN_FEATURES)]
+    return {n: int(sequence_length) for n in names}

@@ -1,0 +1,156 @@
+"""Look at what a task feeds the model, or check a mixture's sampling rates.
+
+  python -m xlm_jax.data.inspect --task demo_mono_en --n 3
+      prints 3 converted examples, one aligned table each: token piece, id, position,
+      segment, pair side, language (VECO / mixup examples print their two rows).
+  python -m xlm_jax.data.inspect --mixture demo_mono --stats 2000
+      samples 2000 examples and prints each member's observed frequency next to the
+      expected alpha-smoothed rate n^alpha / sum n^alpha.
+
+`--module` (default `tasks.demo`) is imported first: it registers the tasks. Run from the
+repository root so that `tasks` is importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import importlib
+import sys
+from typing import Optional, Sequence
+
+import numpy as np
+
+from xlm_jax.data.pipeline import BOS_ID, EOS_ID, PAD_ID, PREFIXES, UNK_ID
+
+__all__ = ["MemberFrequency", "format_example", "mixture_frequencies", "main"]
+
+
+def _import_registering_module(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise SystemExit(f"inspect: cannot import --module {module!r} ({e}); run from the "
+                         "repository root or pass the module that registers your tasks") from e
+
+
+def _piece(vocab, token_id: int) -> str:
+    """The piece of a fairseq/XLM-R id (specials by name), for display."""
+    specials = {BOS_ID: "<s>", PAD_ID: "<pad>", EOS_ID: "</s>", UNK_ID: "<unk>"}
+    if token_id in specials:
+        return specials[token_id]
+    if token_id == getattr(vocab, "mask_id", None):
+        return "<mask>"
+    tokenizer = getattr(vocab, "tokenizer", None)
+    if tokenizer is not None and 0 < token_id - 1 < tokenizer.GetPieceSize():
+        return tokenizer.IdToPiece(token_id - 1)
+    return vocab.decode([token_id])
+
+
+def format_example(example: dict[str, np.ndarray], kind: str, vocab,
+                   languages: Sequence[str] = ()) -> str:
+    """One aligned table per row of a converted example (padding omitted, then counted)."""
+    lines = []
+    for prefix in PREFIXES[kind]:
+        ids = example[prefix + "input_ids"]
+        real = np.nonzero(example[prefix + "segment_ids"])[0]
+        n = int(real[-1]) + 1 if real.size else 0
+        if prefix:
+            lines.append(f"  [{prefix.rstrip('_')}]")
+        lines.append(f"  {'i':>4}  {'piece':<16} {'id':>7} {'pos':>4} {'seg':>4} {'side':>4}"
+                     f"  lang")
+        for i in range(n):
+            lang = int(example[prefix + "lang_ids"][i])
+            lang_name = languages[lang - 1] if 0 < lang <= len(languages) else str(lang)
+            lines.append(
+                f"  {i:>4}  {_piece(vocab, int(ids[i]))[:16]:<16} {int(ids[i]):>7} "
+                f"{int(example[prefix + 'positions'][i]):>4} "
+                f"{int(example[prefix + 'segment_ids'][i]):>4} "
+                f"{int(example[prefix + 'pair_side'][i]):>4}  {lang_name}")
+        lines.append(f"  ... {len(ids) - n} padding positions (id {PAD_ID})")
+    return "\n".join(lines)
+
+
+def print_examples(name: str, n: int, sequence_length: int, seed: int) -> None:
+    """Prints `n` converted examples of a task or mixture."""
+    import seqio  # pylint: disable=g-import-not-at-top
+
+    from xlm_jax.data import converters, registry  # pylint: disable=g-import-not-at-top
+
+    provider = registry.get_provider(name)
+    kind = registry.kind_of(provider)
+    tasks = provider.tasks if isinstance(provider, seqio.Mixture) else [provider]
+    vocab = tasks[0].output_features[PREFIXES[kind][0] + "input_ids"].vocabulary
+    languages = getattr(tasks[0], "xlm_jax_languages", ())
+    ds = seqio.get_dataset(provider, converters.task_feature_lengths(kind, sequence_length),
+                           converters.converter_for_kind(kind), shuffle=True, seed=seed,
+                           num_epochs=None, verbose=False)
+    for i, ex in enumerate(ds.take(n).as_numpy_iterator()):
+        print(f"example {i} of {name} (kind {kind}, length {sequence_length})")
+        print(format_example(ex, kind, vocab, languages))
+
+
+@dataclasses.dataclass(frozen=True)
+class MemberFrequency:
+    """Expected (alpha-smoothed) and observed share of one mixture member's examples."""
+
+    task: str
+    expected: float
+    observed: float
+    count: int
+
+
+def mixture_frequencies(name: str, num_examples: int, sequence_length: int = 64,
+                        seed: int = 0) -> list[MemberFrequency]:
+    """Samples `num_examples` task examples from mixture `name` (before conversion, so one
+    example = one segment / pair) and counts which member each came from."""
+    from xlm_jax.data import converters, registry  # pylint: disable=g-import-not-at-top
+
+    if num_examples < 1:
+        raise ValueError(f"--stats must be >= 1, got {num_examples}")
+    provider = registry.get_provider(name)
+    kind = registry.kind_of(provider)
+    expected = registry.mixture_rates(name)
+    lengths = converters.task_feature_lengths(kind, sequence_length)
+    kwargs = dict(sequence_length=lengths, split="train", shuffle=True, seed=seed,
+                  num_epochs=None)
+    if hasattr(provider, "tasks"):
+        kwargs["passthrough_features"] = ["task"]
+    ds = provider.get_dataset(**kwargs).map(lambda ex: ex["task"]).take(num_examples)
+    counts: collections.Counter = collections.Counter()
+    for block in ds.batch(4096).as_numpy_iterator():
+        counts.update(t.decode() for t in block)
+    return [MemberFrequency(t, expected[t], counts.get(t, 0) / num_examples, counts.get(t, 0))
+            for t in sorted(expected)]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xlm_jax.data.inspect",
+                                     description=__doc__.split("\n\n")[0])
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--task", help="task or mixture whose examples to print")
+    which.add_argument("--mixture", help="mixture whose sampling frequencies to check")
+    parser.add_argument("--n", type=int, default=3, help="examples to print (--task)")
+    parser.add_argument("--stats", type=int, default=1000,
+                        help="examples to sample (--mixture)")
+    parser.add_argument("--module", default="tasks.demo",
+                        help="module that registers the tasks (default tasks.demo)")
+    parser.add_argument("--sequence_length", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    _import_registering_module(args.module)
+    if args.task:
+        print_examples(args.task, args.n, args.sequence_length, args.seed)
+        return 0
+    rows = mixture_frequencies(args.mixture, args.stats, args.sequence_length, args.seed)
+    print(f"mixture {args.mixture}: {args.stats} examples, seed {args.seed}")
+    print(f"  {'task':<32} {'expected':>9} {'observed':>9} {'diff':>7} {'count':>7}")
+    for r in rows:
+        print(f"  {r.task:<32} {r.expected:>9.4f} {r.observed:>9.4f} "
+              f"{r.observed - r.expected:>+7.4f} {r.count:>7}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The feature contract between data, model and trainer, and the trainer's batch iterator.
+
+Importing this module does NOT import TensorFlow or seqio: the constants and
+`language_index` are used by TF-free code (the synthetic batches, the models), and
+`make_batch_iterator` imports TF/seqio only when it is called.
+
+Model features (int32, static shape [T] per example, [B, T] per batch):
+
+  input_ids    token ids in the fairseq/XLM-R layout; padding is `PAD_ID` = 1.
+  positions    0-based position inside each packed example, restarting for every packed
+               example in the row; 0 on padding.
+  segment_ids  packing id: 1..k for the k examples packed into the row, 0 on padding.
+  pair_side    0 padding, 1 the first sentence of a pair (with its `<s>`/`</s>`), 2 the second;
+               monolingual rows are 1 on every real token.
+  lang_ids     `language_index(lang, languages)` of the token's language, 0 on padding.
+
+VECO examples carry `x_*` and `y_*` copies of the five features (two adjacent segments, or a
+sentence and its translation); InfoXLM XLCo mixup examples carry `query_*` and `key_*`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import weakref
+from typing import Iterator, Sequence
+
+import numpy as np
+
+__all__ = [
+    "BOS_ID",
+    "PAD_ID",
+    "EOS_ID",
+    "UNK_ID",
+    "FIRST_PIECE_ID",
+    "FEATURES",
+    "KINDS",
+    "PREFIXES",
+    "feature_names",
+    "language_index",
+    "make_batch_iterator",
+]
+
+# fairseq / XLM-R special ids (see xlm_jax.data.vocab).
+BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+FIRST_PIECE_ID = 4
+
+# The five per-token model features, in a fixed order.
+FEATURES: tuple[str, ...] = ("input_ids", "positions", "segment_ids", "pair_side", "lang_ids")
+
+# Example kinds and the feature-name prefixes each kind uses.
+PREFIXES: dict[str, tuple[str, ...]] = {
+    "mono": ("",),  # full-length monolingual segments, one per row
+    "pair": ("",),  # `<s> a </s></s> b </s>` pairs, several packed into a row
+    "veco": ("x_", "y_"),  # two aligned rows per example (VECO)
+    "mixup": ("query_", "key_"),  # two aligned rows per example (InfoXLM XLCo mixup)
+}
+KINDS: tuple[str, ...] = tuple(PREFIXES)
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in PREFIXES:
+        raise ValueError(f"unknown example kind {kind!r}: expected one of {list(KINDS)}")
+
+
+def feature_names(kind: str) -> tuple[str, ...]:
+    """All model feature names of an example kind, e.g. `x_input_ids, ..., y_lang_ids`."""
+    _check_kind(kind)
+    return tuple(p + f for p in PREFIXES[kind] for f in FEATURES)
+
+
+def language_index(lang: str, languages: Sequence[str]) -> int:
+    """Returns the `lang_ids` value of `lang`: its 1-based position in `languages`.
+
+    0 is reserved for padding, so a language embedding table needs `len(languages) + 1` rows.
+    Raises ValueError naming the language and the list when `lang` is not in it.
+    """
+    languages = list(languages)
+    if len(set(languages)) != len(languages):
+        dups = sorted({x for x in languages if languages.count(x) > 1})
+        raise ValueError(f"language list has duplicates: {dups}")
+    try:
+        return languages.index(lang) + 1
+    except ValueError:
+        shown = languages if len(languages) <= 20 else languages[:20] + ["..."]
+        raise ValueError(
+            f"language {lang!r} is not in the language list ({len(languages)} languages: "
+            f"{', '.join(shown)})"
+        ) from None
+
+
+def make_batch_iterator(
+    task_or_mixture: str,
+    batch_size: int,
+    sequence_length: int,
+    seed: int,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    start_step: int = 0,
+) -> Iterator[dict[str, np.ndarray]]:
+    """Yields an endless, deterministic stream of numpy batches for a registered task/mixture.
+
+    Each batch is a dict of int32 arrays [batch_size, sequence_length] with the features of
+    the task's kind (see the module docstring). The stream depends only on
+    (task_or_mixture, batch_size, sequence_length, seed, shard_index, num_shards): two
+    processes with the same arguments produce the same batches.
+
+    Resuming: `start_step=k` yields exactly the batches that an uninterrupted iterator yields
+    from its k-th batch on. It is implemented by building the same pipeline and skipping k
+    batches (`Dataset.skip`), so resuming costs the input-pipeline time of k batches, without
+    any model work: about 30 ms per 32 x 128 batch of `demo_mono` on a 2-core machine, i.e.
+    ~5 minutes per 10k steps. (Checkpointing the tf.data iterator instead is not possible:
+    `from_generator` sources cannot be saved.) For very long runs, resuming with a new seed
+    (`seed + restart_count`) is the cheap, non-exact alternative.
+
+    Sharding: host `shard_index` of `num_shards` reads every `num_shards`-th document (or
+    sentence pair) of each corpus; the hosts' streams are disjoint.
+
+    The registering module (e.g. `tasks.demo`) must have been imported. TensorFlow is
+    imported here, lazily, and hidden from GPUs so that it does not take accelerator memory.
+    """
+    for name, value, low in (("batch_size", batch_size, 1), ("sequence_length", sequence_length, 8),
+                             ("num_shards", num_shards, 1), ("start_step", start_step, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"make_batch_iterator: {name} must be an int >= {low}, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"make_batch_iterator: seed must be an int, got {seed!r}")
+    if isinstance(shard_index, bool) or not isinstance(shard_index, int) or not (
+        0 <= shard_index < num_shards
+    ):
+        raise ValueError(
+            f"make_batch_iterator: shard_index={shard_index!r} must be in "
+            f"[0, num_shards={num_shards})"
+        )
+    ds = _batched_dataset(task_or_mixture, batch_size, sequence_length, seed, shard_index,
+                          num_shards)
+    if start_step:
+        ds = ds.skip(start_step)
+    global _ATEXIT_REGISTERED
+    if not _ATEXIT_REGISTERED:  # registered after TF's own handlers, so it runs before them
+        atexit.register(_close_live_iterators)
+        _ATEXIT_REGISTERED = True
+    it = _numpy_batches(ds)
+    _LIVE.add(it)
+    return it
+
+
+# Open iterators, closed at exit: a tf.data iterator whose pipeline calls back into python
+# (from_generator, numpy_function) can deadlock if it is first destroyed during interpreter
+# finalization, when its worker threads can no longer take the GIL.
+_LIVE: "weakref.WeakSet" = weakref.WeakSet()
+_ATEXIT_REGISTERED = False
+
+
+def _close_live_iterators() -> None:
+    for it in list(_LIVE):
+        it.close()
+
+
+def _numpy_batches(ds) -> Iterator[dict[str, np.ndarray]]:
+    for batch in ds.as_numpy_iterator():
+        yield {k: np.asarray(v, dtype=np.int32) for k, v in batch.items()}
+
+
+def _batched_dataset(name: str, batch_size: int, sequence_length: int, seed: int,
+                     shard_index: int, num_shards: int):
+    """The batched tf.data pipeline behind `make_batch_iterator` (imports TF and seqio)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    try:  # keep TF off the accelerators: JAX owns them
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:  # already initialised; nothing to do
+        pass
+    import seqio  # pylint: disable=g-import-not-at-top
+
+    from xlm_jax.data import converters, registry  # pylint: disable=g-import-not-at-top
+
+    provider = registry.get_provider(name)
+    kind = registry.kind_of(provider)
+    shard_info = seqio.ShardInfo(shard_index, num_shards) if num_shards > 1 else None
+    ds = seqio.get_dataset(
+        provider,
+        task_feature_lengths=converters.task_feature_lengths(kind, sequence_length),
+        feature_converter=converters.converter_for_kind(kind),
+        dataset_split="train",
+        shuffle=True,
+        num_epochs=None,
+        shard_info=shard_info,
+        seed=seed,
+        batch_size=batch_size,
+        verbose=False,
+    )
+    options = tf.data.Options()
+    options.deterministic = True
+    return ds.with_options(options)
