@@ -89,3 +89,40 @@ def test_core_imports_without_tensorflow():
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_encode_cli_writes_the_embed_vectors(tmp_path):
+    """`python -m xlm_jax.encode` on a tiny model with the demo SentencePiece model beside it
+    writes exactly `Encoder.embed`'s vectors; pooling ignores padding (batch independent)."""
+    import os
+    import shutil
+
+    import flax.linen as nn
+
+    import xlm_jax
+    from xlm_jax.convert import hf
+    from xlm_jax.encode import main as encode_main
+
+    spm = os.path.join(os.path.dirname(__file__), "..", "..", "tasks", "demo_data", "spm.model")
+    cfg = ModelConfig(vocab_size=8002, hidden_size=16, num_layers=2, num_heads=2, mlp_dim=32,
+                      max_positions=66)
+    params = nn.meta.unbox(Transformer(cfg).init(jax.random.PRNGKey(0),
+                                                 np.ones((1, 4), np.int32))["params"])
+    model_dir = tmp_path / "m"
+    hf.save_xlm_jax(str(model_dir), cfg, jax.tree_util.tree_map(np.asarray, params))
+    shutil.copyfile(spm, model_dir / "spm.model")
+    lines = ["Hello world", "Добрый день, как дела?", "これはテストです", "x"]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "vecs.npy"
+    assert encode_main(["--model", str(model_dir), "--input", str(tmp_path / "in.txt"),
+                        "--layer", "1", "--pool", "mean", "--out", str(out)]) == 0
+    vecs = np.load(out)
+    enc = xlm_jax.load_encoder(str(model_dir))
+    assert vecs.shape == (4, 16)
+    np.testing.assert_allclose(vecs, enc.embed(lines, layer=1), atol=1e-6)
+    # one at a time (no padding) gives the same vectors as the padded batch
+    singles = np.concatenate([enc.embed([s], layer=1) for s in lines])
+    np.testing.assert_allclose(vecs, singles, atol=1e-5)
+    # bad input: missing file -> one-line error, exit code 2
+    assert encode_main(["--model", str(model_dir), "--input", str(tmp_path / "nope.txt"),
+                        "--out", str(out)]) == 2
