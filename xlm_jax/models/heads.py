@@ -9,29 +9,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from xlm_jax.models.common import gelu as _gelu
+from xlm_jax.models.common import layer_norm as _layer_norm
+from xlm_jax.models.common import normal_init as _init
+from xlm_jax.models.common import zeros_init as _zeros
 from xlm_jax.models.config import ModelConfig
 
 Array = jax.Array
 POOLING = ("cls", "mean")
-
-
-def _gelu(x: Array) -> Array:
-    return nn.gelu(x, approximate=False)
-
-
-def _init(cfg: ModelConfig, names: tuple[str, ...]) -> nn.initializers.Initializer:
-    return nn.with_logical_partitioning(nn.initializers.normal(cfg.initializer_range), names)
-
-
-def _zeros(names: tuple[str, ...]) -> nn.initializers.Initializer:
-    return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
-
-
-def _layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
-    return nn.LayerNorm(
-        epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
-        bias_init=_zeros(("embed",)), name=name)
 
 
 class MLMHead(nn.Module):

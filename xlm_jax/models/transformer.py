@@ -22,32 +22,15 @@ import jax
 import jax.numpy as jnp
 
 from xlm_jax.models import attention as attention_lib
+from xlm_jax.models.common import gelu, layer_norm
+from xlm_jax.models.common import normal_init as _init
+from xlm_jax.models.common import zeros_init as _zeros
 from xlm_jax.models import heads as heads_lib
 from xlm_jax.models import masks as masks_lib
 from xlm_jax.models import position as position_lib
 from xlm_jax.models.config import ModelConfig
 
 Array = jax.Array
-
-
-def gelu(x: Array) -> Array:
-    """Exact erf GELU, as XLM-R/BERT use (flax's default `nn.gelu` is the tanh approximation)."""
-    return nn.gelu(x, approximate=False)
-
-
-def _init(cfg: ModelConfig, names: tuple[str, ...]) -> Any:
-    return nn.with_logical_partitioning(nn.initializers.normal(cfg.initializer_range), names)
-
-
-def _zeros(names: tuple[str, ...]) -> Any:
-    return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
-
-
-def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
-    return nn.LayerNorm(
-        epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
-        bias_init=_zeros(("embed",)), name=name)
 
 
 def constrain(x: Array, names: tuple[str, ...]) -> Array:
