@@ -118,3 +118,17 @@ def test_unwritable_model_dir_fails_at_start(tmp_path):
     with pytest.raises((ValueError, PermissionError, OSError)) as e:
         _train(blocker / "run", 2)
     assert str(blocker) in str(e.value)
+
+
+def test_periodic_eval_writes_eval_metrics(tmp_path):
+    objectives = _objectives()
+    objectives["mmlm"] = loop.ObjectiveSpec(
+        factory=objectives["mmlm"].factory, task="synthetic:mono", eval_task="synthetic:mono")
+    _train(tmp_path, 4, objectives=objectives, eval_every=2, eval_batches=2)
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    evals = [r for r in rows if r["split"] == "eval"]
+    assert [r["step"] for r in evals] == [2, 4]
+    for r in evals:  # only the objective with an eval task is evaluated
+        assert 4.0 < r["mmlm/loss"] < 7.0 and 0.0 <= r["mmlm/accuracy"] <= 1.0
+        assert "tlm/loss" not in r
+    assert evals[0]["mmlm/loss"] != evals[1]["mmlm/loss"]  # the parameters changed
