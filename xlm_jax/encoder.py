@@ -19,7 +19,7 @@ import numpy as np
 from xlm_jax.convert import hf as hf_lib
 from xlm_jax.models.config import ModelConfig
 from xlm_jax.models.heads import pool as pool_fn
-from xlm_jax.models.transformer import Transformer
+from xlm_jax.models.transformer import Transformer, default_positions
 
 
 @dataclasses.dataclass
@@ -41,7 +41,7 @@ class Encoder:
         @jax.jit
         def forward(params, input_ids, attention_mask):
             out = model.apply({"params": params}, input_ids, attention_mask=_visibility(attention_mask),
-                              positions=_positions(attention_mask), return_hidden_states=True,
+                              positions=default_positions(attention_mask), return_hidden_states=True,
                               method=Transformer.encode)
             return jnp.stack(out.hidden_states)
         return forward
@@ -54,26 +54,29 @@ class Encoder:
 
     def hidden_states(self, input_ids: Any, attention_mask: Any | None = None) -> np.ndarray:
         """Hidden states of every layer, numpy [num_layers + 1, B, T, D] (0 = embeddings)."""
-        input_ids = np.asarray(input_ids, np.int32)
-        if attention_mask is None:
-            attention_mask = input_ids != self.config.pad_id
-        self._check_len(input_ids)
-        return np.asarray(self._forward(self.params, input_ids, np.asarray(attention_mask, bool)))
+        input_ids, mask = self._inputs(input_ids, attention_mask)
+        return np.asarray(self._forward(self.params, input_ids, mask))
 
     def mlm_logits(self, input_ids: Any, attention_mask: Any | None = None) -> np.ndarray:
         """Vocabulary logits at every position, numpy [B, T, V] (evaluation/parity use)."""
+        input_ids, mask = self._inputs(input_ids, attention_mask)
+        return np.asarray(self._full_logits(self.params, input_ids, mask))
+
+    @functools.cached_property
+    def _full_logits(self):
+        def fn(mdl, ids, m):
+            h = mdl.encode(ids, attention_mask=_visibility(m), positions=default_positions(m))
+            return mdl.full_mlm_logits(h.last_hidden_state)
+
+        return jax.jit(lambda p, i, m: self._model.apply({"params": p}, i, m, method=fn))
+
+    def _inputs(self, input_ids: Any, attention_mask: Any | None) -> tuple[np.ndarray, np.ndarray]:
+        """int32 ids and a bool [B, T] mask (default: non-pad), after the length check."""
         input_ids = np.asarray(input_ids, np.int32)
         if attention_mask is None:
             attention_mask = input_ids != self.config.pad_id
         self._check_len(input_ids)
-        mask = np.asarray(attention_mask, bool)
-
-        def fn(mdl, ids, m):
-            h = mdl.encode(ids, attention_mask=_visibility(m), positions=_positions(m))
-            return mdl.full_mlm_logits(h.last_hidden_state)
-
-        return np.asarray(jax.jit(lambda p, i, m: self._model.apply({"params": p}, i, m, method=fn))(
-            self.params, input_ids, mask))
+        return input_ids, np.asarray(attention_mask, bool)
 
     @property
     def tokenizer(self):
@@ -107,11 +110,6 @@ def _visibility(attention_mask: jax.Array) -> jax.Array:
     """HF-style [B, T] 0/1 mask -> boolean visibility [B, 1, T, T] (keys only, as HF does)."""
     m = attention_mask.astype(bool)
     return jnp.broadcast_to(m[:, None, None, :], (m.shape[0], 1, m.shape[1], m.shape[1]))
-
-
-def _positions(attention_mask: jax.Array) -> jax.Array:
-    valid = attention_mask.astype(jnp.int32)
-    return jnp.where(valid > 0, jnp.cumsum(valid, axis=-1) - 1, 0)
 
 
 def load_encoder(path: str, step: int | None = None) -> Encoder:

@@ -27,6 +27,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from xlm_jax.train.optim import param_path_names
+
 PyTree = Any
 
 _MAX_LISTED = 3
@@ -51,13 +53,6 @@ class CheckpointConfig:
                                  "integer >= 1")
 
 
-def _key_name(key: Any) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
-
-
 def _flat_shapes(tree: PyTree) -> dict[str, tuple[int, ...]]:
     """{'params/layers_0/attention/query/kernel': shape} for every leaf of a pytree.
 
@@ -66,7 +61,7 @@ def _flat_shapes(tree: PyTree) -> dict[str, tuple[int, ...]]:
     """
     out = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        out["/".join(_key_name(k) for k in path)] = tuple(getattr(leaf, "shape", np.shape(leaf)))
+        out["/".join(param_path_names(path))] = tuple(getattr(leaf, "shape", np.shape(leaf)))
     return out
 
 
@@ -131,7 +126,7 @@ def _as_abstract(tree: PyTree) -> PyTree:
         if isinstance(x, jax.Array):
             return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
         if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is None:
-            name = "/".join(_key_name(k) for k in path)
+            name = "/".join(param_path_names(path))
             raise ValueError(f"restore: abstract_state leaf '{name}' {x.shape} has no sharding; "
                              "build it with jax.ShapeDtypeStruct(shape, dtype, sharding=...)")
         return x
