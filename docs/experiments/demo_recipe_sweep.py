@@ -1,0 +1,161 @@
+"""Demo-recipe sweep: MMLM+TLM on the demo corpus with in-memory batches, retrieval on the way.
+
+Why: to find out, faster than `python -m xlm_jax.demo`, which model size / optimiser / masking
+settings make Tatoeba retrieval on the demo held-out split rise above the untrained model.
+It uses the library's own Transformer, MaskedLM objective, train step, optimiser and retrieval
+evaluation; only the input side differs from the trainer: the demo files are read and
+tokenized once into memory (alpha-smoothed language sampling, greedy packing), no seqio.
+The results are in docs/NOTES.md. Example (run from the repository root):
+
+    python docs/experiments/demo_recipe_sweep.py --steps 3000 --eval_every 1000 --ln pre \
+        --lr 5e-3 --dropout 0 --warmup 200 --layers 2 --hidden 64 --mlp 256 --bs 64
+
+`--save FILE` pickles (config, params) at the end for offline analysis.
+"""
+import argparse, lzma, os, pickle, shutil, sys, tempfile, time
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+import numpy as np
+import jax, jax.numpy as jnp
+from xlm_jax.models.config import get_config
+from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.mlm import MaskedLM
+from xlm_jax.train import trainer as T, optim
+from xlm_jax.data.vocab import XLMRTokenizer
+from xlm_jax.data import sources
+from xlm_jax.encoder import Encoder
+from xlm_jax.evaluation import retrieval
+
+D = os.path.join(ROOT, "tasks", "demo_data")
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=1000)
+p.add_argument("--bs", type=int, default=32)
+p.add_argument("--seq", type=int, default=64)
+p.add_argument("--layers", type=int, default=4)
+p.add_argument("--hidden", type=int, default=128)
+p.add_argument("--mlp", type=int, default=512)
+p.add_argument("--heads", type=int, default=4)
+p.add_argument("--lr", type=float, default=1e-3)
+p.add_argument("--warmup", type=int, default=50)
+p.add_argument("--dropout", type=float, default=0.1)
+p.add_argument("--mono_w", type=float, default=1.0)
+p.add_argument("--tlm_w", type=float, default=1.0)
+p.add_argument("--mask", type=float, default=0.15)
+p.add_argument("--reset_pos", type=int, default=0)
+p.add_argument("--alpha", type=float, default=0.3)
+p.add_argument("--eval_every", type=int, default=250)
+p.add_argument("--ln", default="post")
+p.add_argument("--pack", type=int, default=1)
+p.add_argument("--schedule", default="linear")
+p.add_argument("--langs", default="", help="comma-separated Tatoeba languages (default all)")
+p.add_argument("--save", default="")
+a = p.parse_args()
+print(vars(a), flush=True)
+
+tok = XLMRTokenizer(os.path.join(D, "spm.model"))
+BOS, EOS, PAD = tok.bos_id, tok.eos_id, tok.pad_id
+langs = sources.languages_in_dir(D + "/mono")
+pairs = [x for x in sources.pairs_in_dir(D + "/parallel") if x.startswith("en-")]
+
+def read(path):
+    with lzma.open(path, "rt", encoding="utf-8") as f:
+        return [l.rstrip("\n") for l in f]
+
+mono = {}
+for l in langs:
+    lines = [x for x in read(f"{D}/mono/{l}.txt.xz") if x.strip()]
+    mono[l] = [tok.encode(x)[: a.seq - 2] for x in lines]
+par = {}
+for pr in pairs:
+    xx = pr.split("-")[1]
+    en = read(f"{D}/parallel/{pr}.en.xz"); tg = read(f"{D}/parallel/{pr}.{xx}.xz")
+    par[xx] = [(tok.encode(e), tok.encode(t)) for e, t in zip(en, tg)]
+
+def probs(sizes, alpha):
+    q = np.array(sizes, float); q /= q.sum(); q = q ** alpha; return q / q.sum()
+
+rs = np.random.RandomState(0)
+mono_l = list(mono); mono_p = probs([len(mono[l]) for l in mono_l], a.alpha)
+par_l = list(par); par_p = probs([len(par[l]) for l in par_l], a.alpha)
+
+def pack(gen, bs, seq):
+    ids = np.full((bs, seq), PAD, np.int32); seg = np.zeros((bs, seq), np.int32)
+    pos = np.zeros((bs, seq), np.int32)
+    for r in range(bs):
+        t, s = 0, 1
+        while True:
+            ex, ps = gen()
+            if len(ex) > seq: ex, ps = ex[:seq], ps[:seq]
+            if t + len(ex) > seq: break
+            ids[r, t:t+len(ex)] = ex; seg[r, t:t+len(ex)] = s; pos[r, t:t+len(ex)] = ps
+            t += len(ex); s += 1
+            if not a.pack: break
+    return {"input_ids": ids, "segment_ids": seg, "positions": pos}
+
+def gen_mono():
+    l = mono_l[rs.choice(len(mono_l), p=mono_p)]
+    x = mono[l][rs.randint(len(mono[l]))]
+    ex = [BOS] + x + [EOS]
+    return ex, list(range(len(ex)))
+
+def gen_pair():
+    l = par_l[rs.choice(len(par_l), p=par_p)]
+    e, t = par[l][rs.randint(len(par[l]))]
+    if rs.rand() < 0.5:
+        A, B = e, t
+    else:
+        A, B = t, e
+    s1 = [BOS] + A + [EOS]; s2 = [EOS] + B + [EOS]
+    if a.reset_pos:
+        s2 = [BOS] + B + [EOS]
+        ps = list(range(len(s1))) + list(range(len(s2)))
+    else:
+        ps = list(range(len(s1) + len(s2)))
+    return s1 + s2, ps
+
+cfg = get_config("tiny", vocab_size=tok.vocab_size, num_layers=a.layers, hidden_size=a.hidden,
+                 mlp_dim=a.mlp, num_heads=a.heads, dropout_rate=a.dropout,
+                 ln_style=a.ln)
+net = Transformer(cfg)
+objs = [T.WeightedObjective(MaskedLM(net, "mmlm", "mono", a.mask, int(np.ceil(a.mask * a.seq)) + 2), a.mono_w),
+        T.WeightedObjective(MaskedLM(net, "tlm", "pair", a.mask, int(np.ceil(a.mask * a.seq)) + 2), a.tlm_w)]
+ocfg = optim.OptimizerConfig(learning_rate=a.lr, schedule=a.schedule, warmup_steps=a.warmup,
+                             total_steps=a.steps, weight_decay=0.01, clip_norm=1.0)
+tx = optim.make_optimizer(ocfg); sched = optim.make_schedule(ocfg)
+init = T.make_init_fn(net, objs, tx, a.seq)
+import flax.linen as nn
+state = jax.jit(lambda r: nn.meta.unbox(init(r)))(jax.random.PRNGKey(0))
+step = jax.jit(T.make_train_step(objs, tx, sched, 1), donate_argnums=(0,))
+
+edir = tempfile.mkdtemp(prefix="demo_sweep_")
+shutil.copy(D + "/spm.model", edir + "/spm.model")
+EVAL_LANGS = a.langs.split(",") if a.langs else None
+
+def evaluate(params, tag):
+    t0 = time.time()
+    enc = Encoder(config=cfg, params=params, path=edir)
+    res = retrieval.evaluate(enc, D + "/tatoeba", layers="all", languages=EVAL_LANGS)
+    pl = res.per_layer
+    print(f"[{tag}] retrieval per layer: " + " ".join(f"{k}:{100*v:.1f}" for k, v in pl.items())
+          + f"  ({time.time()-t0:.0f}s)", flush=True)
+    return pl
+
+if a.eval_every < 10**6: evaluate(state.params, "step 0")
+rng = jax.random.PRNGKey(1)
+t0 = time.time(); tw = time.time()
+kw_keys = ["input_ids", "segment_ids", "positions"]
+for i in range(1, a.steps + 1):
+    bm = pack(gen_mono, a.bs, a.seq); bp = pack(gen_pair, a.bs, a.seq)
+    batches = {"mmlm": {k: bm[k] for k in kw_keys}, "tlm": {k: bp[k] for k in kw_keys}}
+    state, m = step(state, batches, rng)
+    if i % 50 == 0:
+        m = jax.device_get(m)
+        print(f"step {i} mmlm {m['mmlm/loss']:.3f} acc {m['mmlm/accuracy']:.3f} tlm {m['tlm/loss']:.3f} "
+              f"acc {m['tlm/accuracy']:.3f}  {(time.time()-tw)/50:.3f}s/step", flush=True)
+        tw = time.time()
+    if i % a.eval_every == 0 or (i == a.steps and a.eval_every < 10**6):
+        evaluate(state.params, f"step {i}, {time.time()-t0:.0f}s")
+        tw = time.time()
+if a.save:
+    with open(a.save, "wb") as f:
+        pickle.dump((cfg, jax.device_get(state.params)), f)
