@@ -12,17 +12,17 @@ The results are in docs/NOTES.md. Example (run from the repository root):
 
 `--save FILE` pickles (config, params) at the end for offline analysis.
 """
-import argparse, lzma, os, pickle, shutil, sys, tempfile, time
+import argparse, os, pickle, shutil, sys, tempfile, time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 import numpy as np
-import jax, jax.numpy as jnp
+import jax
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.mlm import MaskedLM
 from xlm_jax.train import trainer as T, optim
 from xlm_jax.data.vocab import XLMRTokenizer
-from xlm_jax.data import sources
+from xlm_jax.data import sampling, sources
 from xlm_jax.encoder import Encoder
 from xlm_jax.evaluation import retrieval
 
@@ -43,7 +43,7 @@ p.add_argument("--tlm_w", type=float, default=1.0)
 p.add_argument("--mask", type=float, default=0.15)
 p.add_argument("--reset_pos", type=int, default=0)
 p.add_argument("--alpha", type=float, default=0.3)
-p.add_argument("--eval_every", type=int, default=250)
+p.add_argument("--eval_every", type=int, default=250, help="0: no retrieval evaluation")
 p.add_argument("--ln", default="post")
 p.add_argument("--pack", type=int, default=1)
 p.add_argument("--schedule", default="linear")
@@ -57,26 +57,22 @@ BOS, EOS, PAD = tok.bos_id, tok.eos_id, tok.pad_id
 langs = sources.languages_in_dir(D + "/mono")
 pairs = [x for x in sources.pairs_in_dir(D + "/parallel") if x.startswith("en-")]
 
-def read(path):
-    with lzma.open(path, "rt", encoding="utf-8") as f:
-        return [l.rstrip("\n") for l in f]
-
-mono = {}
-for l in langs:
-    lines = [x for x in read(f"{D}/mono/{l}.txt.xz") if x.strip()]
-    mono[l] = [tok.encode(x)[: a.seq - 2] for x in lines]
+# The library's readers: blank lines (document breaks) and invalid UTF-8 are skipped as in seqio.
+mono = {l: [tok.encode(x)[: a.seq - 2]
+            for doc in sources.iter_documents(sources.find_monolingual_file(D + "/mono", l))
+            for x in doc]
+        for l in langs}
 par = {}
 for pr in pairs:
     xx = pr.split("-")[1]
-    en = read(f"{D}/parallel/{pr}.en.xz"); tg = read(f"{D}/parallel/{pr}.{xx}.xz")
-    par[xx] = [(tok.encode(e), tok.encode(t)) for e, t in zip(en, tg)]
-
-def probs(sizes, alpha):
-    q = np.array(sizes, float); q /= q.sum(); q = q ** alpha; return q / q.sum()
+    files = sources.find_parallel_files(D + "/parallel", "en", xx)
+    par[xx] = [(tok.encode(e), tok.encode(t)) for e, t in sources.iter_pairs(files)]
 
 rs = np.random.RandomState(0)
-mono_l = list(mono); mono_p = probs([len(mono[l]) for l in mono_l], a.alpha)
-par_l = list(par); par_p = probs([len(par[l]) for l in par_l], a.alpha)
+mono_rates = sampling.smoothed_rates({l: len(v) for l, v in mono.items()}, a.alpha)
+par_rates = sampling.smoothed_rates({l: len(v) for l, v in par.items()}, a.alpha)
+mono_l, mono_p = list(mono_rates), list(mono_rates.values())
+par_l, par_p = list(par_rates), list(par_rates.values())
 
 def pack(gen, bs, seq):
     ids = np.full((bs, seq), PAD, np.int32); seg = np.zeros((bs, seq), np.int32)
@@ -140,20 +136,18 @@ def evaluate(params, tag):
           + f"  ({time.time()-t0:.0f}s)", flush=True)
     return pl
 
-if a.eval_every < 10**6: evaluate(state.params, "step 0")
+if a.eval_every: evaluate(state.params, "step 0")
 rng = jax.random.PRNGKey(1)
 t0 = time.time(); tw = time.time()
-kw_keys = ["input_ids", "segment_ids", "positions"]
 for i in range(1, a.steps + 1):
-    bm = pack(gen_mono, a.bs, a.seq); bp = pack(gen_pair, a.bs, a.seq)
-    batches = {"mmlm": {k: bm[k] for k in kw_keys}, "tlm": {k: bp[k] for k in kw_keys}}
+    batches = {"mmlm": pack(gen_mono, a.bs, a.seq), "tlm": pack(gen_pair, a.bs, a.seq)}
     state, m = step(state, batches, rng)
     if i % 50 == 0:
         m = jax.device_get(m)
         print(f"step {i} mmlm {m['mmlm/loss']:.3f} acc {m['mmlm/accuracy']:.3f} tlm {m['tlm/loss']:.3f} "
               f"acc {m['tlm/accuracy']:.3f}  {(time.time()-tw)/50:.3f}s/step", flush=True)
         tw = time.time()
-    if i % a.eval_every == 0 or (i == a.steps and a.eval_every < 10**6):
+    if a.eval_every and (i % a.eval_every == 0 or i == a.steps):
         evaluate(state.params, f"step {i}, {time.time()-t0:.0f}s")
         tw = time.time()
 if a.save:
