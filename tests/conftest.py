@@ -9,3 +9,22 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402  (after the environment above)
+
+
+@pytest.fixture(scope="session")
+def train_xlmr_spm():
+    """`train(input_path, model_prefix, vocab_size, **extra) -> model path`: a small
+    SentencePiece model with the XLM-R special layout (unk=0, bos=1, eos=2, no pad) trained on
+    a test's text file; `extra` adds trainer options."""
+    import sentencepiece as spm
+
+    from xlm_jax.data.vocab import SPM_TRAINER_IDS
+
+    def train(input_path, model_prefix, vocab_size: int, **extra) -> str:
+        spm.SentencePieceTrainer.train(
+            input=str(input_path), model_prefix=str(model_prefix), vocab_size=vocab_size,
+            hard_vocab_limit=False, minloglevel=2, **SPM_TRAINER_IDS, **extra)
+        return f"{model_prefix}.model"
+    return train

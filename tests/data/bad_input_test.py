@@ -8,7 +8,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 seqio = pytest.importorskip("seqio")
-spm = pytest.importorskip("sentencepiece")
+pytest.importorskip("sentencepiece")
 
 from xlm_jax.data import converters, preprocessors as prep, registry, sources, synthetic  # noqa
 from xlm_jax.data.pipeline import make_batch_iterator  # noqa: E402
@@ -22,16 +22,13 @@ def one_line(excinfo):
 
 
 @pytest.fixture(scope="module")
-def vocab(tmp_path_factory):
+def vocab(tmp_path_factory, train_xlmr_spm):
     d = tmp_path_factory.mktemp("badspm")
     rnd = random.Random(0)
     words = ["good", "line", "text", "more", "words", "here", "bon", "texte"]
     (d / "t.txt").write_text("\n".join(" ".join(rnd.choice(words) for _ in range(5))
                                        for _ in range(100)))
-    spm.SentencePieceTrainer.train(
-        input=str(d / "t.txt"), model_prefix=str(d / "m"), vocab_size=30,
-        hard_vocab_limit=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
-    return get_vocabulary(str(d / "m.model"))
+    return get_vocabulary(train_xlmr_spm(d / "t.txt", d / "m", 30))
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
-spm = pytest.importorskip("sentencepiece")
+pytest.importorskip("sentencepiece")
 
 from xlm_jax.data.pipeline import make_batch_iterator  # noqa: E402
 
@@ -55,7 +55,7 @@ HASH_SCRIPT = REGISTER + textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
+def corpus(tmp_path_factory, train_xlmr_spm):
     root = tmp_path_factory.mktemp("det")
     rnd = random.Random(0)
     words = {l: [f"{l}{i}" for i in range(15)] for l in ("en", "fr", "sw")}
@@ -64,9 +64,7 @@ def corpus(tmp_path_factory):
         return " ".join(rnd.choice(words[lang]) for _ in range(rnd.randint(2, 9)))
 
     (root / "spm.txt").write_text("\n".join(sent(l) for l in words for _ in range(100)))
-    spm.SentencePieceTrainer.train(
-        input=str(root / "spm.txt"), model_prefix=str(root / "spm"), vocab_size=60,
-        hard_vocab_limit=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    train_xlmr_spm(root / "spm.txt", root / "spm", 60)
     (root / "mono").mkdir()
     for lang, n in (("en", 40), ("fr", 15), ("sw", 5)):
         (root / "mono" / f"{lang}.txt").write_text(

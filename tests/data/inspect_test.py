@@ -87,7 +87,7 @@ def test_pair_and_veco_tables(capsys):
 
 
 @pytest.fixture(scope="module")
-def registering_module(tmp_path_factory):
+def registering_module(tmp_path_factory, train_xlmr_spm):
     """A module `insp_reg` that registers a two-language mixture from temp corpora."""
     root = tmp_path_factory.mktemp("insp")
     rnd = random.Random(0)
@@ -95,9 +95,7 @@ def registering_module(tmp_path_factory):
     (root / "spm.txt").write_text(
         "\n".join(" ".join(rnd.choice(words[l]) for _ in range(6)) for l in words
                   for _ in range(80)))
-    spm.SentencePieceTrainer.train(
-        input=str(root / "spm.txt"), model_prefix=str(root / "spm"), vocab_size=40,
-        hard_vocab_limit=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    train_xlmr_spm(root / "spm.txt", root / "spm", 40)
     tokens = {}
     tok = spm.SentencePieceProcessor(model_file=str(root / "spm.model"))
     for lang, n in (("en", 60), ("fr", 6)):

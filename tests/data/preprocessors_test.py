@@ -12,7 +12,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 seqio = pytest.importorskip("seqio")
-spm = pytest.importorskip("sentencepiece")
+pytest.importorskip("sentencepiece")
 
 from xlm_jax.data import converters, preprocessors as prep  # noqa: E402
 from xlm_jax.data.pipeline import language_index  # noqa: E402
@@ -47,17 +47,13 @@ DOCS = [{"tokens": [10, 11, 12], "lang": 7}, {"tokens": [20, 21], "lang": 7},
 
 
 @pytest.fixture(scope="module")
-def spm_path(tmp_path_factory):
+def spm_path(tmp_path_factory, train_xlmr_spm):
     d = tmp_path_factory.mktemp("spm")
     words = ["hello", "world", "bonjour", "monde", "hallo", "welt", "guten", "tag", "merci"]
     rnd = random.Random(0)
     (d / "train.txt").write_text(
         "\n".join(" ".join(rnd.choice(words) for _ in range(8)) for _ in range(300)))
-    spm.SentencePieceTrainer.train(
-        input=str(d / "train.txt"), model_prefix=str(d / "m"), vocab_size=40,
-        hard_vocab_limit=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-        minloglevel=2)
-    return str(d / "m.model")
+    return train_xlmr_spm(d / "train.txt", d / "m", 40)
 
 
 def test_language_index_is_one_based_with_zero_for_padding():

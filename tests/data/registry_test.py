@@ -16,7 +16,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 seqio = pytest.importorskip("seqio")
-spm = pytest.importorskip("sentencepiece")
+pytest.importorskip("sentencepiece")
 
 from xlm_jax.data import converters, registry, sources  # noqa: E402
 from xlm_jax.data.pipeline import language_index, make_batch_iterator  # noqa: E402
@@ -42,13 +42,11 @@ def _mono_text(rnd, lang, docs):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
+def corpus(tmp_path_factory, train_xlmr_spm):
     root = tmp_path_factory.mktemp("corpus")
     rnd = random.Random(0)
     (root / "spm.txt").write_text("\n".join(_sentence(rnd, l) for l in WORDS for _ in range(200)))
-    spm.SentencePieceTrainer.train(
-        input=str(root / "spm.txt"), model_prefix=str(root / "spm"), vocab_size=60,
-        hard_vocab_limit=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    train_xlmr_spm(root / "spm.txt", root / "spm", 60)
     mono = root / "mono"
     mono.mkdir()
     _write(str(mono / "en.txt"), _mono_text(rnd, "en", 40))

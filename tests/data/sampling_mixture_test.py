@@ -10,7 +10,7 @@ import random
 import pytest
 
 tf = pytest.importorskip("tensorflow")
-spm = pytest.importorskip("sentencepiece")
+pytest.importorskip("sentencepiece")
 
 from xlm_jax.data import inspect as data_inspect  # noqa: E402
 from xlm_jax.data import registry  # noqa: E402
@@ -21,16 +21,14 @@ NUM_EXAMPLES = 20_000
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
+def corpus(tmp_path_factory, train_xlmr_spm):
     root = tmp_path_factory.mktemp("sampling")
     rnd = random.Random(0)
     words = {lang: [f"{lang}{i}" for i in range(12)] for lang in DOCS}
     (root / "spm.txt").write_text(
         "\n".join(" ".join(rnd.choice(words[l]) for _ in range(6)) for l in DOCS
                   for _ in range(100)))
-    spm.SentencePieceTrainer.train(
-        input=str(root / "spm.txt"), model_prefix=str(root / "spm"), vocab_size=50,
-        hard_vocab_limit=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    train_xlmr_spm(root / "spm.txt", root / "spm", 50)
     tok = XLMRTokenizer(str(root / "spm.model"))
     sizes = {}
     for lang, n_docs in DOCS.items():

@@ -104,11 +104,11 @@ def test_synthetic_and_pipeline_contract_modules_do_not_import_tensorflow():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
-def test_real_converted_batches_follow_the_same_contract(tmp_path):
+def test_real_converted_batches_follow_the_same_contract(tmp_path, train_xlmr_spm):
     """The checker above also accepts what the real pipelines produce (so synthetic == real
     in layout), for all four kinds."""
     pytest.importorskip("tensorflow")
-    spm = pytest.importorskip("sentencepiece")
+    pytest.importorskip("sentencepiece")
     from xlm_jax.data import registry  # pylint: disable=import-outside-toplevel
     from xlm_jax.data.pipeline import make_batch_iterator  # pylint: disable=import-outside-toplevel
 
@@ -119,10 +119,7 @@ def test_real_converted_batches_follow_the_same_contract(tmp_path):
         return " ".join(rnd.choice(words[lang]) for _ in range(rnd.randint(2, 8)))
 
     (tmp_path / "spm.txt").write_text("\n".join(sent(l) for l in words for _ in range(80)))
-    spm.SentencePieceTrainer.train(
-        input=str(tmp_path / "spm.txt"), model_prefix=str(tmp_path / "spm"), vocab_size=50,
-        hard_vocab_limit=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
-    spm_path = str(tmp_path / "spm.model")
+    spm_path = train_xlmr_spm(tmp_path / "spm.txt", tmp_path / "spm", 50)
     for lang in ("en", "fr"):
         (tmp_path / f"{lang}.txt").write_text(
             "".join("\n".join(sent(lang) for _ in range(3)) + "\n\n" for _ in range(10)))

@@ -79,21 +79,15 @@ def test_retrieval_accuracy_shape_errors():
 # ----------------------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="module")
-def spm_path(tmp_path_factory):
+def spm_path(tmp_path_factory, train_xlmr_spm):
     """The demo SentencePiece model if present, else a tiny one trained on the test text."""
     demo = os.path.join(os.path.dirname(__file__), "..", "..", "tasks", "demo_data", "spm.model")
     if os.path.exists(demo):
         return os.path.abspath(demo)
-    import sentencepiece as spm
-
     d = tmp_path_factory.mktemp("spm")
     text = d / "train.txt"
     text.write_text("\n".join(ENGLISH + [" ".join(reversed(s.split())) for s in ENGLISH]) * 4)
-    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(d / "spm"), vocab_size=80,
-                                   model_type="unigram", unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-                                   hard_vocab_limit=False, character_coverage=1.0,
-                                   minloglevel=2)
-    return str(d / "spm.model")
+    return train_xlmr_spm(text, d / "spm", 80, model_type="unigram", character_coverage=1.0)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
 from xlm_jax.data import sampling
+from xlm_jax.data.vocab import SPM_TRAINER_IDS
 
 __all__ = [
     "SpmTrainingResult",
@@ -204,10 +205,7 @@ def train_spm(
             vocab_size=vocab_size,
             model_type="unigram",
             character_coverage=0.9995,
-            unk_id=0,
-            bos_id=1,
-            eos_id=2,
-            pad_id=-1,
+            **SPM_TRAINER_IDS,
             # Use the sampled text as is: its mix *is* the alpha-smoothed distribution.
             input_sentence_size=0,
             shuffle_input_sentence=False,

@@ -43,6 +43,8 @@ __all__ = [
 SPM_UNK = 0
 SPM_BOS = 1
 SPM_EOS = 2
+# The SentencePieceTrainer arguments that give that layout (no pad piece).
+SPM_TRAINER_IDS = {"unk_id": SPM_UNK, "bos_id": SPM_BOS, "eos_id": SPM_EOS, "pad_id": -1}
 # fairseq ids of the four leading specials.
 BOS, PAD, EOS, UNK = 0, 1, 2, 3
 # fairseq id = spm id + OFFSET for real pieces (spm id >= 3).
