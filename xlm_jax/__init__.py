@@ -8,8 +8,8 @@ from typing import Any
 __version__ = "0.1.0"
 
 
-def load_encoder(path: str, step: int | None = None) -> Any:
+def load_encoder(path: str, step: int | None = None, language_list: list[str] | None = None) -> Any:
     """See `xlm_jax.encoder.load_encoder`."""
     from xlm_jax.encoder import load_encoder as _load
 
-    return _load(path, step=step)
+    return _load(path, step=step, language_list=language_list)

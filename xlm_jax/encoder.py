@@ -3,6 +3,14 @@
 `path` is an HF XLM-R directory (config.json + model.safetensors or pytorch_model.bin) or an
 xlm_jax model directory (`xlm_jax_config.json` + `params/`, or a trainer model_dir). Nothing here
 imports TensorFlow: tokenisation uses SentencePiece directly (`xlm_jax.data.vocab.XLMRTokenizer`).
+
+Models with language embeddings (`ModelConfig.num_languages > 0`, XLM/ERNIE-M style) need the
+language of every token: `embed(..., lang="de")` maps the code through the encoder's
+`language_list` (default: the data registry's, sorted `sampling.KNOWN_LANGUAGES`) to the
+`lang_ids` value the training data used (`pipeline.language_index`, 1-based, 0 = padding), and
+`hidden_states(..., lang_ids=...)` takes the [B, T] ids directly. Pass the list the model was
+trained with: a model directory does not record it. Models without language embeddings ignore
+both.
 """
 from __future__ import annotations
 
@@ -17,18 +25,31 @@ import jax.numpy as jnp
 import numpy as np
 
 from xlm_jax.convert import hf as hf_lib
+from xlm_jax.data.pipeline import language_index
+from xlm_jax.data.sampling import KNOWN_LANGUAGES
 from xlm_jax.models.config import ModelConfig
 from xlm_jax.models.heads import pool as pool_fn
 from xlm_jax.models.transformer import Transformer, default_positions
 
 
+def default_language_list() -> list[str]:
+    """The data registry's default `lang_ids` table (`registry.default_language_list`, which is
+    not imported here because the registry pulls in TensorFlow)."""
+    return sorted(KNOWN_LANGUAGES)
+
+
 @dataclasses.dataclass
 class Encoder:
-    """A loaded model: `config`, `params` (numpy/jax tree), and the directory it came from."""
+    """A loaded model: `config`, `params` (numpy/jax tree), and the directory it came from.
+
+    `language_list` is the `lang_ids` table of a model with language embeddings (None = the
+    default, `default_language_list()`); unused otherwise.
+    """
 
     config: ModelConfig
     params: Any
     path: str
+    language_list: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         self._model = Transformer(self.config, with_mlm_head="mlm_head" in self.params)
@@ -39,12 +60,55 @@ class Encoder:
         model = self._model
 
         @jax.jit
-        def forward(params, input_ids, attention_mask):
+        def forward(params, input_ids, attention_mask, lang_ids):
             out = model.apply({"params": params}, input_ids, attention_mask=_visibility(attention_mask),
-                              positions=default_positions(attention_mask), return_hidden_states=True,
-                              method=Transformer.encode)
+                              positions=default_positions(attention_mask), lang_ids=lang_ids,
+                              return_hidden_states=True, method=Transformer.encode)
             return jnp.stack(out.hidden_states)
         return forward
+
+    @property
+    def has_language_embeddings(self) -> bool:
+        return self.config.num_languages > 0
+
+    @property
+    def languages(self) -> list[str]:
+        """The language list in use: `language_list`, or the default one."""
+        if self.language_list is None:
+            return default_language_list()
+        return list(self.language_list)
+
+    def lang_id(self, lang: str) -> int:
+        """The `lang_ids` value of `lang` (ValueError naming it when it is not in `languages`, or
+        when its id does not fit the model's table of `num_languages` rows)."""
+        idx = language_index(lang, self.languages)
+        if self.has_language_embeddings and idx >= self.config.num_languages:
+            raise ValueError(f"language {lang!r} has lang_ids value {idx} but {self.path} has only "
+                             f"num_languages={self.config.num_languages} language embeddings (is "
+                             "the language list the one the model was trained with?)")
+        return idx
+
+    def lang_ids_for(self, lang: str | None, attention_mask: Any) -> np.ndarray | None:
+        """[B, T] `lang_ids` for sentences all in `lang`: its id on real tokens, 0 on padding;
+        None for a model without language embeddings (then `lang` is not looked at)."""
+        idx = self._model_lang_id(lang)
+        if idx is None:
+            return None
+        return np.where(np.asarray(attention_mask, bool), idx, 0).astype(np.int32)
+
+    def _model_lang_id(self, lang: str | None) -> int | None:
+        """`lang_id(lang)` for a model with language embeddings (a missing `lang` is an error),
+        None for one without."""
+        if not self.has_language_embeddings:
+            return None
+        if lang is None:
+            raise self._no_lang_error()
+        return self.lang_id(lang)
+
+    def _no_lang_error(self) -> ValueError:
+        return ValueError(f"{self.path} has language embeddings (num_languages="
+                          f"{self.config.num_languages}): pass lang= to embed() or lang_ids= to "
+                          "hidden_states()")
 
     def _check_len(self, input_ids: np.ndarray) -> None:
         limit = self.config.max_sequence_length
@@ -52,31 +116,50 @@ class Encoder:
             raise ValueError(f"sequence length {input_ids.shape[-1]} exceeds the position table "
                              f"of {self.path} (max {limit} tokens)")
 
-    def hidden_states(self, input_ids: Any, attention_mask: Any | None = None) -> np.ndarray:
-        """Hidden states of every layer, numpy [num_layers + 1, B, T, D] (0 = embeddings)."""
-        input_ids, mask = self._inputs(input_ids, attention_mask)
-        return np.asarray(self._forward(self.params, input_ids, mask))
+    def hidden_states(self, input_ids: Any, attention_mask: Any | None = None,
+                      lang_ids: Any | None = None) -> np.ndarray:
+        """Hidden states of every layer, numpy [num_layers + 1, B, T, D] (0 = embeddings).
 
-    def mlm_logits(self, input_ids: Any, attention_mask: Any | None = None) -> np.ndarray:
-        """Vocabulary logits at every position, numpy [B, T, V] (evaluation/parity use)."""
-        input_ids, mask = self._inputs(input_ids, attention_mask)
-        return np.asarray(self._full_logits(self.params, input_ids, mask))
+        `lang_ids` ([B, T] ints, see `lang_ids_for`) are required by a model with language
+        embeddings and ignored by one without (its states do not depend on the language).
+        """
+        input_ids, mask, lang_ids = self._inputs(input_ids, attention_mask, lang_ids)
+        return np.asarray(self._forward(self.params, input_ids, mask, lang_ids))
+
+    def mlm_logits(self, input_ids: Any, attention_mask: Any | None = None,
+                   lang_ids: Any | None = None) -> np.ndarray:
+        """Vocabulary logits at every position, numpy [B, T, V] (evaluation/parity use);
+        `lang_ids` as in `hidden_states`."""
+        input_ids, mask, lang_ids = self._inputs(input_ids, attention_mask, lang_ids)
+        return np.asarray(self._full_logits(self.params, input_ids, mask, lang_ids))
 
     @functools.cached_property
     def _full_logits(self):
-        def fn(mdl, ids, m):
-            h = mdl.encode(ids, attention_mask=_visibility(m), positions=default_positions(m))
+        def fn(mdl, ids, m, lang_ids):
+            h = mdl.encode(ids, attention_mask=_visibility(m), positions=default_positions(m),
+                           lang_ids=lang_ids)
             return mdl.full_mlm_logits(h.last_hidden_state)
 
-        return jax.jit(lambda p, i, m: self._model.apply({"params": p}, i, m, method=fn))
+        return jax.jit(lambda p, i, m, l: self._model.apply({"params": p}, i, m, l, method=fn))
 
-    def _inputs(self, input_ids: Any, attention_mask: Any | None) -> tuple[np.ndarray, np.ndarray]:
-        """int32 ids and a bool [B, T] mask (default: non-pad), after the length check."""
+    def _inputs(self, input_ids: Any, attention_mask: Any | None, lang_ids: Any | None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """int32 ids, a bool [B, T] mask (default: non-pad) and the int32 lang_ids the model
+        takes (None without language embeddings), after the length and language checks."""
         input_ids = np.asarray(input_ids, np.int32)
         if attention_mask is None:
             attention_mask = input_ids != self.config.pad_id
         self._check_len(input_ids)
-        return input_ids, np.asarray(attention_mask, bool)
+        if not self.has_language_embeddings:
+            lang_ids = None
+        elif lang_ids is None:
+            raise self._no_lang_error()
+        else:
+            lang_ids = np.asarray(lang_ids, np.int32)
+            if lang_ids.shape != input_ids.shape:
+                raise ValueError(f"lang_ids shape {lang_ids.shape} differs from input_ids shape "
+                                 f"{input_ids.shape}")
+        return input_ids, np.asarray(attention_mask, bool), lang_ids
 
     @property
     def tokenizer(self):
@@ -91,17 +174,21 @@ class Encoder:
         return self._tokenizer
 
     def embed(self, sentences: Sequence[str], layer: int = 8, pool: str = "mean",
-              batch_size: int = 32, max_length: int | None = None) -> np.ndarray:
+              batch_size: int = 32, max_length: int | None = None,
+              lang: str | None = None) -> np.ndarray:
         """Sentence vectors [N, D]: `layer`'s hidden states pooled (`mean` over real tokens or
-        `cls`). `layer` counts like `hidden_states` (0 = embeddings, num_layers = last)."""
+        `cls`). `layer` counts like `hidden_states` (0 = embeddings, num_layers = last).
+        `lang` is the sentences' language code, required by (and only used for) a model with
+        language embeddings."""
         if not 0 <= layer <= self.config.num_layers:
             raise ValueError(f"layer={layer} out of range [0, {self.config.num_layers}]")
+        self._model_lang_id(lang)  # a missing or unknown language fails before any work
         tok = self.tokenizer
         max_length = max_length or min(self.config.max_sequence_length or 512, 512)
         out = []
         for start in range(0, len(sentences), batch_size):
             ids, mask = tok.encode_batch(list(sentences[start:start + batch_size]), max_length)
-            hidden = self.hidden_states(ids, mask)[layer]
+            hidden = self.hidden_states(ids, mask, self.lang_ids_for(lang, mask))[layer]
             out.append(np.asarray(pool_fn(jnp.asarray(hidden), jnp.asarray(mask), pool)))
         return np.concatenate(out) if out else np.zeros((0, self.config.hidden_size), np.float32)
 
@@ -112,9 +199,10 @@ def _visibility(attention_mask: jax.Array) -> jax.Array:
     return jnp.broadcast_to(m[:, None, None, :], (m.shape[0], 1, m.shape[1], m.shape[1]))
 
 
-def load_encoder(path: str, step: int | None = None) -> Encoder:
+def load_encoder(path: str, step: int | None = None,
+                 language_list: Sequence[str] | None = None) -> Encoder:
     """Loads an HF XLM-R directory, an xlm_jax model directory, or a trainer model_dir
-    (checkpoint `step`, default the latest)."""
+    (checkpoint `step`, default the latest). `language_list`: see `Encoder`."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: not a directory")
     if hf_lib.is_xlm_jax_dir(path):
@@ -126,4 +214,5 @@ def load_encoder(path: str, step: int | None = None) -> Encoder:
             f"{path}: neither an xlm_jax model ({hf_lib.CONFIG_NAME}) nor an HF model "
             f"(config.json + {' or '.join(hf_lib.HF_WEIGHT_NAMES)})")
     params = jax.tree_util.tree_map(jnp.asarray, params)
-    return Encoder(config=cfg, params=params, path=os.path.abspath(path))
+    return Encoder(config=cfg, params=params, path=os.path.abspath(path),
+                   language_list=list(language_list) if language_list is not None else None)

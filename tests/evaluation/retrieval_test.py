@@ -1,5 +1,6 @@
 """Tatoeba retrieval: the metric against a brute-force reference, the all-layer embedding
-against `Encoder.embed`, the CLI end to end on a tiny random model, and its input errors."""
+against `Encoder.embed`, the CLI end to end on a tiny random model, its input errors, and
+models with language embeddings (each side embedded in its own language)."""
 import json
 import os
 import subprocess
@@ -90,27 +91,52 @@ def spm_path(tmp_path_factory, train_xlmr_spm):
     return train_xlmr_spm(text, d / "spm", 80, model_type="unigram", character_coverage=1.0)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, spm_path):
+def _tiny_model(spm_path: str, num_languages: int = 0):
+    """A tiny random model for `spm_path`'s vocabulary: (config, numpy params)."""
     import flax.linen as nn
     import sentencepiece as spm
 
-    from xlm_jax.convert import hf
     from xlm_jax.models.config import ModelConfig
     from xlm_jax.models.transformer import Transformer
 
     size = spm.SentencePieceProcessor(model_file=spm_path).get_piece_size()
     cfg = ModelConfig(vocab_size=size + 2, hidden_size=16, num_layers=2, num_heads=2, mlp_dim=32,
-                      max_positions=42, dropout_rate=0.0, attention_dropout_rate=0.0)
-    params = nn.meta.unbox(Transformer(cfg).init(jax.random.PRNGKey(0),
-                                                 np.full((1, 4), 5, np.int32))["params"])
-    spm_dir = tmp_path_factory.mktemp("spmdir")
+                      max_positions=42, dropout_rate=0.0, attention_dropout_rate=0.0,
+                      num_languages=num_languages)
+    ids = np.full((1, 4), 5, np.int32)
+    kw = {"lang_ids": np.ones_like(ids)} if num_languages else {}
+    params = nn.meta.unbox(Transformer(cfg).init(jax.random.PRNGKey(0), ids, **kw)["params"])
+    return cfg, jax.tree_util.tree_map(np.asarray, params)
+
+
+@pytest.fixture(scope="module")
+def spm_dir(tmp_path_factory, spm_path):
+    """A directory holding `spm_path` as spm.model (what the encoder looks for)."""
+    d = tmp_path_factory.mktemp("spmdir")
     with open(spm_path, "rb") as f:
-        (spm_dir / "spm.model").write_bytes(f.read())
+        (d / "spm.model").write_bytes(f.read())
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, spm_path, spm_dir):
+    from xlm_jax.convert import hf
+
+    cfg, params = _tiny_model(spm_path)
     out = tmp_path_factory.mktemp("model") / "m"
-    hf.save_xlm_jax(str(out), cfg, jax.tree_util.tree_map(np.asarray, params),
-                    spm_from=str(spm_dir))
+    hf.save_xlm_jax(str(out), cfg, params, spm_from=spm_dir)
     return str(out)
+
+
+@pytest.fixture(scope="module")
+def lang_model(spm_path, spm_dir):
+    """(config, params, spm dir) of a model with language embeddings for the default language
+    list. Encoders are built from it directly: `load_encoder` cannot read such a model yet
+    (tests/models/encoder_lang_test.py::test_load_encoder_reads_a_language_model)."""
+    from xlm_jax.encoder import default_language_list
+
+    cfg, params = _tiny_model(spm_path, num_languages=len(default_language_list()) + 1)
+    return cfg, params, spm_dir
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +157,21 @@ def tatoeba_dir(tmp_path_factory):
     (d / "tatoeba.bb-eng.bb").write_text("\n".join(" ".join(reversed(s.split())) for s in ENGLISH))
     (d / "tatoeba.bb-eng.eng").write_text(eng)
     (d / "README").write_text("not a data file")
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def lang_tatoeba_dir(tmp_path_factory):
+    """Registry codes: `de` is the English words reversed; `fr` shares its first six lines with
+    `de` (the same strings in two languages' files) and repeats English on the rest (the same
+    string on both sides)."""
+    d = tmp_path_factory.mktemp("tatoeba_lang")
+    eng = "\n".join(ENGLISH) + "\n"
+    rev = [" ".join(reversed(s.split())) for s in ENGLISH]
+    (d / "tatoeba.de-eng.de").write_text("\n".join(rev) + "\n")
+    (d / "tatoeba.de-eng.eng").write_text(eng)
+    (d / "tatoeba.fr-eng.fr").write_text("\n".join(rev[:6] + ENGLISH[6:]) + "\n")
+    (d / "tatoeba.fr-eng.eng").write_text(eng)
     return str(d)
 
 
@@ -307,3 +348,72 @@ def test_step_recorded_for_a_trainer_model_dir(tmp_path):
     assert retrieval._resolve_step(str(run), 100) == 100
     (run / "params").mkdir()  # an exported model dir: load_encoder reads params/, not a step
     assert retrieval._resolve_step(str(run), None) is None
+
+
+# ----------------------------------------------------------------------------- language embeddings
+
+def test_evaluate_language_model_embeds_each_side_in_its_language(lang_model, lang_tatoeba_dir,
+                                                                  monkeypatch):
+    from xlm_jax.data.pipeline import language_index
+    from xlm_jax.encoder import Encoder, default_language_list
+
+    cfg, params, spm_dir = lang_model
+    enc, ref = Encoder(cfg, params, spm_dir), Encoder(cfg, params, spm_dir)
+    tok = enc.tokenizer
+    seen = []  # (real tokens, language id) of every row the model ran on
+    real = enc.hidden_states
+
+    def recording(ids, mask=None, lang_ids=None):
+        for row, m, lang in zip(np.asarray(ids), np.asarray(mask, bool), np.asarray(lang_ids)):
+            assert not lang[~m].any() and len(set(lang[m])) == 1  # one language, 0 on padding
+            seen.append((tuple(row[m]), int(lang[m][0])))
+        return real(ids, mask, lang_ids)
+
+    monkeypatch.setattr(enc, "hidden_states", recording)
+    res = retrieval.evaluate(enc, lang_tatoeba_dir, "all", max_length=32, batch_size=8)
+
+    def tokens(s):
+        ids, mask = tok.encode_batch([s], 32)
+        return tuple(np.asarray(ids)[0][np.asarray(mask, bool)[0]])
+
+    lines = {lang: retrieval.read_pair(lang_tatoeba_dir, lang).src for lang in ("de", "fr")}
+    lid = {lang: language_index(lang, default_language_list()) for lang in ("de", "fr", "en")}
+    # Every (language, sentence) embedded exactly once: the English file shared by both
+    # languages once as `en`, the six strings in both xx files once per language, and fr's
+    # English strings once as `fr` and once as `en`.
+    want = ([(tokens(s), lid["en"]) for s in ENGLISH]
+            + [(tokens(s), lid[lang]) for lang in ("de", "fr") for s in lines[lang]])
+    assert sorted(k for k in seen if k[0] != tokens("")) == sorted(want)  # "" fills batches
+    for layer in (0, 1, 2):
+        eng = ref.embed(ENGLISH, layer=layer, max_length=32, lang="en")
+        for lang in ("de", "fr"):
+            src = ref.embed(lines[lang], layer=layer, max_length=32, lang=lang)
+            score = res.per_layer_language[layer][lang]
+            assert score.src_to_eng == pytest.approx(_brute_force(src, eng))
+            assert score.eng_to_src == pytest.approx(_brute_force(eng, src))
+
+
+def test_cli_language_model_language_list(lang_model, tatoeba_dir, tmp_path,
+                                          capsys):
+    from xlm_jax.convert import hf
+
+    cfg, params, spm_dir = lang_model
+    model_dir = str(tmp_path / "model")
+    hf.save_xlm_jax(model_dir, cfg, params, spm_from=spm_dir)
+    out = tmp_path / "r.json"
+    base = ["--checkpoint", model_dir, "--tatoeba_dir", tatoeba_dir, "--layer", "1",
+            "--max_length", "32", "--output_json", str(out)]
+    # aa and bb are no registry codes: not in the default list, nor bb in the given one.
+    err = _error(capsys, base)
+    assert "language 'aa' is not in the language list" in err
+    err = _error(capsys, base + ["--language_list", "aa,en"])
+    assert "language 'bb' is not in the language list (2 languages: aa, en)" in err
+    assert not out.exists()
+
+    codes = tmp_path / "langs.txt"
+    codes.write_text("aa\nbb\n\nen\n")
+    assert retrieval.main(base + ["--language_list", str(codes)]) == 0
+    from_file = json.loads(out.read_text())
+    assert set(from_file["per_language"]) == {"aa", "bb"}
+    assert retrieval.main(base + ["--language_list", "aa, bb,en"]) == 0
+    assert json.loads(out.read_text())["per_language"] == from_file["per_language"]

@@ -155,8 +155,10 @@ def expected_shapes(cfg: ModelConfig, with_mlm_head: bool = True) -> dict[str, t
 
     model = Transformer(cfg, with_mlm_head=with_mlm_head)
     ids = jax.ShapeDtypeStruct((1, 4), np.int32)
-    shapes = jax.eval_shape(lambda i: nn.meta.unbox(model.init(jax.random.PRNGKey(0), i)),
-                            ids)["params"]
+    # A model with language embeddings needs lang_ids to create its table.
+    lang = (lambda i: {"lang_ids": i}) if cfg.num_languages else (lambda i: {})
+    shapes = jax.eval_shape(
+        lambda i: nn.meta.unbox(model.init(jax.random.PRNGKey(0), i, **lang(i))), ids)["params"]
     flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
     return {"/".join(k.key for k in path): tuple(v.shape) for path, v in flat}
 

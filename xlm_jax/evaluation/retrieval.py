@@ -2,7 +2,7 @@
 
     python -m xlm_jax.evaluation.retrieval --checkpoint DIR [--step N] --tatoeba_dir DIR \
         --layer N|all [--languages xx,yy] [--pool mean] [--max_length 128] [--batch_size 64] \
-        --output_json FILE [--plot FILE.png]
+        [--language_list CODES|FILE] --output_json FILE [--plot FILE.png]
 
 The Tatoeba directory holds, per language xx, the line-aligned files `tatoeba.{xx}-eng.{xx}` and
 `tatoeba.{xx}-eng.eng` (the XTREME layout). Each sentence is embedded by pooling one layer's
@@ -14,6 +14,14 @@ average is over languages and both directions.
 `--layer all` scores every layer 0..L (0 = embeddings) from ONE forward pass per sentence and
 writes the per-layer curve (the XLM-E Fig. 3 plot) as a PNG; `average` and `per_language` are
 then those of the best layer. TensorFlow is never imported; jax is imported only to run a model.
+
+The file codes xx are the data registry's language codes (`de`, `zh`, ...; English is `en`), as
+in `tasks/demo_data/tatoeba`. A model with language embeddings (`num_languages > 0`) embeds the
+xx side with the `lang_ids` of xx and the English side with those of `en`, through
+`--language_list` (comma-separated codes or a file with one code per line; default: the data
+registry's list) -- it must be the list the model was trained with. Such a model gives the same
+string different vectors in different languages, so sentences are then shared between files
+only within one language.
 """
 from __future__ import annotations
 
@@ -31,6 +39,7 @@ import numpy as np
 FILE_PATTERN = "tatoeba.{xx}-eng.{xx} + tatoeba.{xx}-eng.eng"
 _SRC_RE = re.compile(r"^tatoeba\.([^./\\-]+)-eng\.([^./\\-]+)$")
 POOLS = ("mean", "cls")
+ENGLISH = "en"  # the language of the `.eng` files, as the language list spells it
 
 
 # ----------------------------------------------------------------------------- results
@@ -244,13 +253,21 @@ def _pool(hidden: np.ndarray, mask: np.ndarray, pool: str) -> np.ndarray:
     return (hidden * w).sum(axis=-2) / np.maximum(w.sum(axis=-2), 1.0)
 
 
+def _uses_languages(encoder: Any) -> bool:
+    """Whether `encoder`'s model has language embeddings (then every sentence needs a language)."""
+    return getattr(encoder.config, "num_languages", 0) > 0
+
+
 def embed_layers(encoder: Any, sentences: Sequence[str], layers: Sequence[int], pool: str = "mean",
-                 max_length: int = 128, batch_size: int = 64) -> np.ndarray:
+                 max_length: int = 128, batch_size: int = 64,
+                 lang: str | None = None) -> np.ndarray:
     """Pooled sentence vectors of several layers from one forward pass: [len(layers), N, D].
 
     Sentences are sorted by length and each batch is padded to a power-of-two length (capped
     at `max_length`), so few shapes are compiled and little padding is computed; padding does
     not change the real tokens' states (keys are masked, positions count real tokens only).
+    `lang` is the sentences' language, passed on as `lang_ids` to a model with language
+    embeddings (where it is required) and ignored otherwise.
     """
     if pool not in POOLS:
         raise ValueError(f"pool={pool!r} is not one of {', '.join(POOLS)}")
@@ -260,6 +277,9 @@ def embed_layers(encoder: Any, sentences: Sequence[str], layers: Sequence[int], 
     if limit is not None and max_length > limit:
         raise ValueError(f"max_length={max_length} exceeds the model's position table "
                          f"(max {limit} tokens)")
+    uses_languages = _uses_languages(encoder)
+    if uses_languages and lang is not None:
+        encoder.lang_id(lang)  # an unknown language fails before any work
     tok = encoder.tokenizer
     n = len(sentences)
     out = np.zeros((len(layers), n, encoder.config.hidden_size), np.float32)
@@ -274,7 +294,11 @@ def embed_layers(encoder: Any, sentences: Sequence[str], layers: Sequence[int], 
         width = min(max_length, max(8, _next_pow2(int(lengths[idx].max()))))
         texts = [sentences[i] for i in idx] + [""] * (rows - len(idx))
         ids, mask = tok.encode_batch(texts, width)
-        hidden = encoder.hidden_states(ids, mask)[layer_idx]  # [len(layers), rows, T, D]
+        if uses_languages:
+            hidden = encoder.hidden_states(ids, mask, encoder.lang_ids_for(lang, mask))
+        else:
+            hidden = encoder.hidden_states(ids, mask)
+        hidden = hidden[layer_idx]  # [len(layers), rows, T, D]
         out[:, idx] = _pool(hidden, mask, pool)[:, :len(idx)]
     return out
 
@@ -295,6 +319,20 @@ def check_layer(layer: int | str, num_layers: int) -> list[int]:
     return [layer]
 
 
+def _embed_keyed(encoder: Any, keys: Sequence[tuple[str | None, str]], layers: Sequence[int],
+                 pool: str, max_length: int, batch_size: int) -> np.ndarray:
+    """`embed_layers` of (language, sentence) keys, one run per language (None: a model
+    without language embeddings, all in one run): [len(layers), len(keys), D]."""
+    out = np.zeros((len(layers), len(keys), encoder.config.hidden_size), np.float32)
+    by_lang: dict[str | None, list[int]] = {}
+    for i, (lang, _) in enumerate(keys):
+        by_lang.setdefault(lang, []).append(i)
+    for lang, idx in by_lang.items():
+        out[:, idx] = embed_layers(encoder, [keys[i][1] for i in idx], layers, pool, max_length,
+                                   batch_size, lang=lang)
+    return out
+
+
 def evaluate(encoder: Any, tatoeba_dir: str, layers: int | str | Sequence[int] = "all",
              languages: Sequence[str] | None = None, pool: str = "mean", max_length: int = 128,
              batch_size: int = 64, checkpoint: str | None = None,
@@ -303,7 +341,10 @@ def evaluate(encoder: Any, tatoeba_dir: str, layers: int | str | Sequence[int] =
 
     `layers` is one layer, "all", or a list of layers (several are reported like "all", over
     those layers); `languages` defaults to every language found in `tatoeba_dir`. Each
-    language's sentences are embedded once for all layers.
+    language's sentences are embedded once for all layers. A model with language embeddings
+    gets the language of each side (xx, and `en` for English; see the module docstring); a
+    language missing from its language list is a ValueError naming it, raised before any
+    sentence is embedded.
     """
     num_layers = encoder.config.num_layers
     if isinstance(layers, (int, str)):
@@ -324,31 +365,49 @@ def evaluate(encoder: Any, tatoeba_dir: str, layers: int | str | Sequence[int] =
         langs = list(dict.fromkeys(languages))
     else:
         langs = found
+    uses_languages = _uses_languages(encoder)
+    if uses_languages:
+        for lang in [*langs, ENGLISH]:  # fail before reading or embedding anything
+            encoder.lang_id(lang)
     pairs = [read_pair(tatoeba_dir, lang) for lang in langs]  # read all first: fail early
-    # Sentences in more than one language's files (the English side often is) are embedded
-    # once for all languages; the rest per language, so memory stays one language's worth.
-    counts: dict[str, int] = {}
+
+    def side_langs(pair: TatoebaPair) -> tuple[str | None, str | None]:
+        """The languages of the xx and English sides; None for a model without language
+        embeddings (a string's vector is then the same in every language)."""
+        return (pair.lang, ENGLISH) if uses_languages else (None, None)
+
+    def keys(pair: TatoebaPair) -> list[tuple[str | None, str]]:
+        """The pair's distinct (language, sentence) keys, ordered so that runs batch alike."""
+        src_lang, eng_lang = side_langs(pair)
+        return list(dict.fromkeys([(src_lang, s) for s in pair.src]
+                                  + [(eng_lang, s) for s in pair.eng]))
+
+    # Keys in more than one language's files (the English side often is) are embedded once
+    # for all languages; the rest per language, so memory stays one language's worth.
+    counts: dict[tuple[str | None, str], int] = {}
     for pair in pairs:
-        for s in dict.fromkeys(pair.src + pair.eng):  # ordered, so runs batch alike
-            counts[s] = counts.get(s, 0) + 1
-    shared = [s for s, c in counts.items() if c > 1]
-    shared_vecs = embed_layers(encoder, shared, layer_list, pool, max_length, batch_size)
-    shared_at = {s: i for i, s in enumerate(shared)}
+        for k in keys(pair):
+            counts[k] = counts.get(k, 0) + 1
+    shared = [k for k, c in counts.items() if c > 1]
+    shared_vecs = _embed_keyed(encoder, shared, layer_list, pool, max_length, batch_size)
+    shared_at = {k: i for i, k in enumerate(shared)}
     per_layer_language: dict[int, dict[str, LanguageScore]] = {l: {} for l in layer_list}
     for pair in pairs:
-        # Each distinct sentence is embedded once (an identical string gets the identical vector).
-        own = [s for s in dict.fromkeys(pair.src + pair.eng) if s not in shared_at]
-        own_vecs = embed_layers(encoder, own, layer_list, pool, max_length, batch_size)
-        own_at = {s: i for i, s in enumerate(own)}
+        # Each distinct key is embedded once (an identical key gets the identical vector).
+        own = [k for k in keys(pair) if k not in shared_at]
+        own_vecs = _embed_keyed(encoder, own, layer_list, pool, max_length, batch_size)
+        own_at = {k: i for i, k in enumerate(own)}
 
-        def lookup(sentences: list[str]) -> np.ndarray:
-            mine = np.array([s in own_at for s in sentences])
-            out = np.empty((len(layer_list), len(sentences), own_vecs.shape[-1]), np.float32)
-            out[:, mine] = own_vecs[:, [own_at[s] for s in sentences if s in own_at]]
-            out[:, ~mine] = shared_vecs[:, [shared_at[s] for s in sentences if s not in own_at]]
+        def lookup(lang: str | None, sentences: list[str]) -> np.ndarray:
+            ks = [(lang, s) for s in sentences]
+            mine = np.array([k in own_at for k in ks])
+            out = np.empty((len(layer_list), len(ks), own_vecs.shape[-1]), np.float32)
+            out[:, mine] = own_vecs[:, [own_at[k] for k in ks if k in own_at]]
+            out[:, ~mine] = shared_vecs[:, [shared_at[k] for k in ks if k not in own_at]]
             return out
 
-        src_all, eng_all = lookup(pair.src), lookup(pair.eng)
+        src_lang, eng_lang = side_langs(pair)
+        src_all, eng_all = lookup(src_lang, pair.src), lookup(eng_lang, pair.eng)
         for k, layer in enumerate(layer_list):
             src, eng = src_all[k], eng_all[k]
             per_layer_language[layer][pair.lang] = LanguageScore(
@@ -433,19 +492,37 @@ def _resolve_step(path: str, step: int | None) -> int | None:
     return steps[-1] if steps else None
 
 
-def load_checkpoint(path: str, step: int | None = None) -> Any:
-    """`load_encoder(path)`, or `load_encoder(path, step=step)` when a step is given."""
+def load_checkpoint(path: str, step: int | None = None,
+                    language_list: Sequence[str] | None = None) -> Any:
+    """`load_encoder(path)`, with `step=` and `language_list=` added only when given."""
     from xlm_jax.encoder import load_encoder
 
+    kwargs: dict[str, Any] = {} if language_list is None else {"language_list": language_list}
     if step is None:
-        return load_encoder(path)
+        return load_encoder(path, **kwargs)
     try:
-        return load_encoder(path, step=step)
+        return load_encoder(path, step=step, **kwargs)
     except TypeError as e:
         if "step" not in str(e):
             raise
         raise ValueError(f"--step {step}: this xlm_jax's load_encoder() takes no step argument; "
                          "point --checkpoint at a model directory instead") from None
+
+
+def read_language_list(text: str) -> list[str]:
+    """`--language_list`: a file with one code per line (blank lines skipped) if `text` names
+    one, else comma-separated codes."""
+    if os.path.isfile(text):
+        with open(text, encoding="utf-8") as f:
+            codes = [line.strip() for line in f]
+        where = text
+    else:
+        codes = text.split(",")
+        where = f"--language_list {text!r}"
+    codes = [c.strip() for c in codes if c.strip()]
+    if not codes:
+        raise ValueError(f"{where}: no language codes")
+    return codes
 
 
 def _layer_arg(text: str) -> int | str:
@@ -474,6 +551,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pool", default="mean", choices=POOLS)
     p.add_argument("--max_length", type=int, default=128)
     p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--language_list", default=None,
+                   help="lang_ids table of a model with language embeddings: comma-separated "
+                        "codes or a file with one per line (default: the data registry's list)")
     p.add_argument("--output_json", required=True)
     p.add_argument("--plot", default=None,
                    help="PNG path (default with --layer all: the JSON's path with .png)")
@@ -482,7 +562,9 @@ def main(argv: list[str] | None = None) -> int:
                  if args.languages else None)
     try:
         find_languages(args.tatoeba_dir)  # a bad data dir fails before the model is loaded
-        encoder = load_checkpoint(args.checkpoint, args.step)
+        language_list = (read_language_list(args.language_list)
+                         if args.language_list is not None else None)
+        encoder = load_checkpoint(args.checkpoint, args.step, language_list)
         result = evaluate(encoder, args.tatoeba_dir, args.layer, languages, pool=args.pool,
                           max_length=args.max_length, batch_size=args.batch_size,
                           checkpoint=os.path.abspath(args.checkpoint),
