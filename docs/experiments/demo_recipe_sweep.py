@@ -48,6 +48,8 @@ p.add_argument("--ln", default="post")
 p.add_argument("--pack", type=int, default=1)
 p.add_argument("--schedule", default="linear")
 p.add_argument("--langs", default="", help="comma-separated Tatoeba languages (default all)")
+p.add_argument("--train_langs", default="", help="'tatoeba': train only on English and the "
+               "Tatoeba languages; or a comma-separated list (default: every demo language)")
 p.add_argument("--save", default="")
 a = p.parse_args()
 print(vars(a), flush=True)
@@ -56,6 +58,11 @@ tok = XLMRTokenizer(os.path.join(D, "spm.model"))
 BOS, EOS, PAD = tok.bos_id, tok.eos_id, tok.pad_id
 langs = sources.languages_in_dir(D + "/mono")
 pairs = [x for x in sources.pairs_in_dir(D + "/parallel") if x.startswith("en-")]
+if a.train_langs:
+    keep = set(a.train_langs.split(",") if a.train_langs != "tatoeba"
+               else [f.split(".")[1].split("-")[0] for f in os.listdir(D + "/tatoeba")]) | {"en"}
+    langs = [l for l in langs if l in keep]
+    pairs = [x for x in pairs if x.split("-")[1] in keep]
 
 # The library's readers: blank lines (document breaks) and invalid UTF-8 are skipped as in seqio.
 mono = {l: [tok.encode(x)[: a.seq - 2]
