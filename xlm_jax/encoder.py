@@ -8,9 +8,9 @@ Models with language embeddings (`ModelConfig.num_languages > 0`, XLM/ERNIE-M st
 language of every token: `embed(..., lang="de")` maps the code through the encoder's
 `language_list` (default: the data registry's, sorted `sampling.KNOWN_LANGUAGES`) to the
 `lang_ids` value the training data used (`pipeline.language_index`, 1-based, 0 = padding), and
-`hidden_states(..., lang_ids=...)` takes the [B, T] ids directly. Pass the list the model was
-trained with: a model directory does not record it. Models without language embeddings ignore
-both.
+`hidden_states(..., lang_ids=...)` takes the [B, T] ids directly. The trainer records the list
+its tasks were registered with in `{model_dir}/languages.txt`, which `load_encoder` reads; pass
+`language_list` for other directories. Models without language embeddings ignore both.
 """
 from __future__ import annotations
 
@@ -202,7 +202,8 @@ def _visibility(attention_mask: jax.Array) -> jax.Array:
 def load_encoder(path: str, step: int | None = None,
                  language_list: Sequence[str] | None = None) -> Encoder:
     """Loads an HF XLM-R directory, an xlm_jax model directory, or a trainer model_dir
-    (checkpoint `step`, default the latest). `language_list`: see `Encoder`."""
+    (checkpoint `step`, default the latest). `language_list`: see `Encoder`; default the
+    `languages.txt` the trainer writes into its model_dir, else the registry's default list."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: not a directory")
     if hf_lib.is_xlm_jax_dir(path):
@@ -214,5 +215,8 @@ def load_encoder(path: str, step: int | None = None,
             f"{path}: neither an xlm_jax model ({hf_lib.CONFIG_NAME}) nor an HF model "
             f"(config.json + {' or '.join(hf_lib.HF_WEIGHT_NAMES)})")
     params = jax.tree_util.tree_map(jnp.asarray, params)
+    saved = os.path.join(path, hf_lib.LANGUAGES_FILE)
+    if language_list is None and os.path.isfile(saved):  # written by the trainer
+        language_list = hf_lib.read_language_file(saved)
     return Encoder(config=cfg, params=params, path=os.path.abspath(path),
                    language_list=list(language_list) if language_list is not None else None)

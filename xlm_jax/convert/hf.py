@@ -25,6 +25,7 @@ CONFIG_NAME = "xlm_jax_config.json"
 PARAMS_DIR = "params"
 SPM_NAMES = ("sentencepiece.bpe.model", "spm.model")
 HF_WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin")
+LANGUAGES_FILE = "languages.txt"  # the trainer's lang_ids table, one code per line
 
 Params = dict[str, Any]
 
@@ -262,6 +263,16 @@ def save_xlm_jax(out_dir: str, cfg: ModelConfig, params: Params,
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(os.path.join(out_dir, PARAMS_DIR), params, force=True)
     _copy_spm(spm_from, out_dir, "spm.model")
+
+
+def read_language_file(path: str) -> list[str]:
+    """Language codes from a text file with one code per line (blank lines skipped); an empty
+    file is a ValueError naming it."""
+    with open(path, encoding="utf-8") as f:
+        codes = [line.strip() for line in f if line.strip()]
+    if not codes:
+        raise ValueError(f"{path}: no language codes")
+    return codes
 
 
 def read_model_config(path: str) -> ModelConfig:

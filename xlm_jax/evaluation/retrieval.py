@@ -18,8 +18,8 @@ then those of the best layer. TensorFlow is never imported; jax is imported only
 The file codes xx are the data registry's language codes (`de`, `zh`, ...; English is `en`), as
 in `tasks/demo_data/tatoeba`. A model with language embeddings (`num_languages > 0`) embeds the
 xx side with the `lang_ids` of xx and the English side with those of `en`, through
-`--language_list` (comma-separated codes or a file with one code per line; default: the data
-registry's list) -- it must be the list the model was trained with. Such a model gives the same
+the model's language list: `--language_list` (comma-separated codes or a file with one code per
+line), else the `languages.txt` a trainer model_dir holds, else the data registry's list. Such a model gives the same
 string different vectors in different languages, so sentences are then shared between files
 only within one language.
 """
@@ -513,15 +513,12 @@ def read_language_list(text: str) -> list[str]:
     """`--language_list`: a file with one code per line (blank lines skipped) if `text` names
     one, else comma-separated codes."""
     if os.path.isfile(text):
-        with open(text, encoding="utf-8") as f:
-            codes = [line.strip() for line in f]
-        where = text
-    else:
-        codes = text.split(",")
-        where = f"--language_list {text!r}"
-    codes = [c.strip() for c in codes if c.strip()]
+        from xlm_jax.convert.hf import read_language_file
+
+        return read_language_file(text)
+    codes = [c.strip() for c in text.split(",") if c.strip()]
     if not codes:
-        raise ValueError(f"{where}: no language codes")
+        raise ValueError(f"--language_list {text!r}: no language codes")
     return codes
 
 

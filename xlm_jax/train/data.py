@@ -27,6 +27,32 @@ def import_modules(modules: Sequence[str]) -> None:
         importlib.import_module(name)
 
 
+def language_list(tasks: Sequence[str]) -> list[str] | None:
+    """The `lang_ids` table the seqio tasks/mixtures in `tasks` were registered with, or None
+    when none of them records one (synthetic streams, tasks registered without the registry).
+
+    Raises ValueError when two of them use different tables: their `lang_ids` would then mean
+    different languages to the same language-embedding table.
+    """
+    seen: dict[tuple[str, ...], str] = {}
+    for task in tasks:
+        if task.startswith(SYNTHETIC):
+            continue
+        from xlm_jax.data import registry
+
+        provider = registry.get_provider(task)
+        for member in getattr(provider, "tasks", [provider]):
+            langs = tuple(getattr(member, "xlm_jax_languages", ()))
+            if langs:
+                seen.setdefault(langs, member.name)
+    if len(seen) > 1:
+        (a, ta), (b, tb) = list(seen.items())[:2]
+        raise ValueError(f"tasks {ta} and {tb} were registered with different language lists "
+                         f"({len(a)} vs {len(b)} languages); register them with the same "
+                         "language_list")
+    return list(next(iter(seen))) if seen else None
+
+
 def make_stream(task: str, global_batch: int, seq_len: int, seed: int, start_step: int,
                 vocab_size: int, process_index: int | None = None,
                 process_count: int | None = None, num_languages: int = 2

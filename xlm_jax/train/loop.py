@@ -22,6 +22,7 @@ import gin
 import jax
 import numpy as np
 
+from xlm_jax.convert.hf import LANGUAGES_FILE
 from xlm_jax.models.config import ModelConfig, get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import Objective
@@ -86,7 +87,13 @@ def _run_info() -> dict[str, Any]:
             "device_count": jax.device_count()}
 
 
-def _write_model_files(model_dir: str, cfg: ModelConfig, spm_model: str | None) -> None:
+def _write_model_files(model_dir: str, cfg: ModelConfig, spm_model: str | None,
+                       languages: Sequence[str] | None) -> None:
+    """The files that make `model_dir` loadable by `load_encoder`: config, run info, the
+    SentencePiece model and the `lang_ids` table (`languages.txt`, one code per line)."""
+    if languages:
+        with open(os.path.join(model_dir, LANGUAGES_FILE), "w", encoding="utf-8") as f:
+            f.write("".join(f"{lang}\n" for lang in languages))
     with open(os.path.join(model_dir, "xlm_jax_config.json"), "w") as f:
         json.dump(cfg.to_dict(), f, indent=2)
     with open(os.path.join(model_dir, "run_info.json"), "w") as f:
@@ -137,6 +144,12 @@ def train(model_dir: str,
                          f"microbatches not divisible by the data-parallel size {dp}")
     rules = partitioning.standard_logical_axis_rules(axis_rule_overrides)
     data_lib.import_modules(task_modules)
+    languages = None if force_synthetic else data_lib.language_list(
+        [spec.task for spec in objectives.values()])
+    if languages and model.num_languages and model.num_languages < len(languages) + 1:
+        raise ValueError(f"model num_languages={model.num_languages} is too small for the "
+                         f"tasks' language list of {len(languages)} languages (lang_ids go up "
+                         f"to {len(languages)}; set num_languages >= {len(languages) + 1})")
 
     net = Transformer(model)
     objs = [trainer_lib.WeightedObjective(spec.factory(model=net, name=name), spec.weight)
@@ -147,7 +160,7 @@ def train(model_dir: str,
     abstract, shardings = trainer_lib.state_shardings(init_fn, device_mesh, rules)
     is_primary = jax.process_index() == 0
     if is_primary:
-        _write_model_files(model_dir, model, spm_model)
+        _write_model_files(model_dir, model, spm_model, languages)
 
     latest = ckpt.latest_step()
     with device_mesh, nn.logical_axis_rules(rules):

@@ -1,0 +1,64 @@
+"""The trainer's language list: read from the tasks' registrations, checked against the model's
+language-embedding table before anything is compiled, written to `model_dir/languages.txt`
+and read back by `load_encoder`, so that evaluation uses the `lang_ids` training used."""
+import os
+
+import pytest
+
+from xlm_jax.objectives.mlm import MaskedLM
+from xlm_jax.train import checkpoints, data as data_lib, loop, optim
+
+pytest.importorskip("seqio")
+
+from xlm_jax.data import registry  # noqa: E402  (needs TensorFlow)
+
+DEMO = os.path.join(os.path.dirname(__file__), "..", "..", "tasks", "demo_data")
+SMALL = {"vocab_size": 8002, "num_layers": 1, "hidden_size": 16, "num_heads": 2, "mlp_dim": 32,
+         "max_positions": 66, "dropout_rate": 0.0, "attention_dropout_rate": 0.0}
+
+
+def _register(name, language_list):
+    return registry.register_monolingual(name, os.path.join(DEMO, "mono"), ["en", "fr"],
+                                         os.path.join(DEMO, "spm.model"),
+                                         language_list=language_list, shuffle_buffer_size=8)
+
+
+def _train(model_dir, task, num_languages):
+    return loop.train(
+        str(model_dir), model=loop.model_config("tiny", {**SMALL, "num_languages": num_languages}),
+        objectives={"mmlm": loop.ObjectiveSpec(
+            factory=lambda model, name: MaskedLM(model, name=name, stream="mono",
+                                                 max_predictions=4), task=task)},
+        train_steps=1, batch_size=2, seq_len=32, num_devices=1,
+        optimizer=optim.OptimizerConfig(learning_rate=1e-3, warmup_steps=1, total_steps=1),
+        checkpoint=checkpoints.CheckpointConfig(async_save=False),
+        spm_model=os.path.join(DEMO, "spm.model"), log_every=1, stream=open(os.devnull, "w"))
+
+
+def test_language_list_of_tasks():
+    _register("lt_a", ["fr", "de", "en"])
+    _register("lt_b", ["en", "fr"])
+    assert data_lib.language_list(["synthetic:mono", "lt_a"]) == ["fr", "de", "en"]
+    assert data_lib.language_list(["lt_a_en", "synthetic:pair"]) == ["fr", "de", "en"]
+    assert data_lib.language_list(["synthetic:mono"]) is None
+    with pytest.raises(ValueError, match="lt_a_en and lt_b_en .*3 vs 2 languages"):
+        data_lib.language_list(["lt_a", "lt_b"])
+
+
+def test_trainer_writes_the_list_and_load_encoder_uses_it(tmp_path):
+    from xlm_jax.encoder import load_encoder
+
+    _register("lt_c", ["fr", "de", "en"])
+    _train(tmp_path, "lt_c", num_languages=4)
+    with open(tmp_path / "languages.txt", encoding="utf-8") as f:
+        assert f.read() == "fr\nde\nen\n"
+    enc = load_encoder(str(tmp_path))
+    assert enc.languages == ["fr", "de", "en"] and enc.lang_id("en") == 3
+    assert load_encoder(str(tmp_path), language_list=["en"]).languages == ["en"]
+
+
+def test_too_small_language_table_fails_before_training(tmp_path):
+    _register("lt_d", ["fr", "de", "en"])
+    with pytest.raises(ValueError, match="num_languages=3 is too small .* 3 languages.*>= 4"):
+        _train(tmp_path, "lt_d", num_languages=3)
+    assert not os.path.exists(tmp_path / "xlm_jax_config.json")
