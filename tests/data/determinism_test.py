@@ -102,6 +102,36 @@ def test_same_seed_same_batches_in_two_fresh_processes(corpus):
         assert hashes[(name, "0x5")] != hashes[(name, "1x5")], name
 
 
+@pytest.mark.parametrize("name", ["det_mono", "det_par"])
+def test_shared_traces_give_the_batches_of_per_task_traces(corpus, name, monkeypatch):
+    """The start-up speed-ups must not change the stream: one traced tokenizer / pair function
+    shared by all Tasks (`preprocessors._block_tokenizer`, `_shared_fn`) and one eagerly built
+    SentencePiece resource per vocabulary give exactly the batches of per-Task traces that
+    build their own tokenizer (seqio's `tf_tokenizer`), as before these were introduced."""
+    import seqio  # pylint: disable=g-import-not-at-top
+
+    from xlm_jax.data import preprocessors as prep  # pylint: disable=g-import-not-at-top
+    from xlm_jax.data import registry  # pylint: disable=g-import-not-at-top
+
+    def take(n):
+        it = make_batch_iterator(name, 4, 32, seed=5)
+        return [next(it) for _ in range(n)]
+
+    shared = take(25)
+    provider = registry.get_provider(name)
+    vocab_cls = type(provider.output_features["input_ids"].vocabulary)
+    monkeypatch.setattr(prep, "_block_tokenizer",
+                        lambda vocab, keys: lambda batch: prep._tokenize_block(batch, vocab, keys))
+    monkeypatch.setattr(prep, "_shared_fn",
+                        lambda fn, *params: lambda ex, seed: fn(ex, seed, *params))
+    monkeypatch.setattr(vocab_cls, "tf_tokenizer", seqio.SentencePieceVocabulary.tf_tokenizer)
+    per_task = take(25)
+    for k, (a, b) in enumerate(zip(shared, per_task)):
+        assert sorted(a) == sorted(b)
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=f"{name} {k} {key}")
+
+
 @pytest.mark.parametrize("name", ["det_mono", "det_par", "det_mix"])
 def test_restart_at_step_k_continues_exactly(corpus, name):
     full = make_batch_iterator(name, 4, 32, seed=3)

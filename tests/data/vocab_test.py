@@ -262,6 +262,38 @@ def test_seqio_vocab_pickles(seqio_vocab, hf):
     assert clone.encode(SENTENCES[3]) == hf(SENTENCES[3], add_special_tokens=False)["input_ids"]
 
 
+def test_seqio_vocab_tf_tokenizer_is_one_eager_resource(seqio_vocab, hf):
+    """The TF tokenizer is built once, outside any graph, even when first reached while
+    tracing (its resource is then captured by every graph that tokenizes); the vocabulary
+    still pickles and deep-copies (gin copies configurable arguments), and a clone tokenizes
+    alike."""
+    import copy
+
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    fresh = vocab.get_vocabulary(str(SPM_PATH))
+    seen = []
+
+    @tf.function
+    def encode(text):
+        seen.append(fresh.tf_tokenizer)
+        return fresh.encode_tf(text)
+
+    ids = encode(tf.constant(SENTENCES[1])).numpy().tolist()
+    assert ids == hf(SENTENCES[1], add_special_tokens=False)["input_ids"]
+    tokenizer = seen[0]
+    assert fresh.tf_tokenizer is tokenizer
+    handle = tokenizer._model_resource.resource_handle  # pylint: disable=protected-access
+    assert not isinstance(handle, tf.Tensor) or hasattr(handle, "numpy"), "graph tensor"
+    ds = tf.data.Dataset.from_tensor_slices(SENTENCES[:3]).map(fresh.encode_tf)
+    assert [x.tolist() for x in ds.as_numpy_iterator()] == [
+        hf(s, add_special_tokens=False)["input_ids"] for s in SENTENCES[:3]]
+    for clone in (pickle.loads(pickle.dumps(fresh)), copy.deepcopy(fresh)):
+        assert clone == fresh and clone.tf_tokenizer is not tokenizer
+        assert clone.encode_tf(tf.constant(SENTENCES[3])).numpy().tolist() == \
+            hf(SENTENCES[3], add_special_tokens=False)["input_ids"]
+
+
 def test_seqio_vocab_rejects_wrong_layout(tmp_path):
     pytest.importorskip("seqio")
     bad = _train_tiny(tmp_path, "t5", pad_id=0, eos_id=1, unk_id=2, bos_id=-1)

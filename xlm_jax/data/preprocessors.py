@@ -81,19 +81,41 @@ def tokenize(dataset: tf.data.Dataset, output_features: Mapping[str, seqio.Featu
         if key not in dataset.element_spec:
             raise ValueError(f"tokenize: no feature {key!r} to tokenize "
                              f"(features: {sorted(dataset.element_spec)})")
-
-    def fn(batch):
-        batch = dict(batch)
-        for src_key, dst_key in keys.items():
-            text = batch.pop(src_key)
-            ids = vocab.encode_tf(text)  # [B, None] or, for line vectors, [B, lines, None]
-            if ids.shape.rank == 3:  # concatenate the lines of each document
-                ids = ids.merge_dims(1, 2)
-            batch[dst_key] = tf.cast(ids, tf.int32)
-        return batch
-
+    fn = _block_tokenizer(vocab, tuple(keys.items()))
     return (dataset.ragged_batch(block).map(fn, num_parallel_calls=tf.data.AUTOTUNE)
             .unbatch())
+
+
+# (id(vocab), keys) -> (vocab, tf.function); the vocabulary is kept so that its id stays unique.
+_BLOCK_TOKENIZERS: dict = {}
+
+
+def _block_tokenizer(vocab: seqio.Vocabulary, keys: tuple[tuple[str, str], ...]):
+    """`_tokenize_block` as one `tf.function` per (vocabulary, keys), shared by every Task
+    that tokenizes with them.
+
+    Each Task's `map` then only traces a call: the tokenizing graph (ragged merges with their
+    checks) is traced once per process instead of once per Task. The ops, and so the ids, are
+    those of a per-Task trace (tests/data/determinism_test.py compares the two).
+    """
+    cache_key = (id(vocab), keys)
+    hit = _BLOCK_TOKENIZERS.get(cache_key)
+    if hit is not None and hit[0] is vocab:
+        return hit[1]
+    fn = tf.function(lambda batch: _tokenize_block(batch, vocab, keys), autograph=False)
+    _BLOCK_TOKENIZERS[cache_key] = (vocab, fn)
+    return fn
+
+
+def _tokenize_block(batch, vocab: seqio.Vocabulary, keys: tuple[tuple[str, str], ...]):
+    batch = dict(batch)
+    for src_key, dst_key in keys:
+        text = batch.pop(src_key)
+        ids = vocab.encode_tf(text)  # [B, None] or, for line vectors, [B, lines, None]
+        if ids.shape.rank == 3:  # concatenate the lines of each document
+            ids = ids.merge_dims(1, 2)
+        batch[dst_key] = tf.cast(ids, tf.int32)
+    return batch
 
 
 def rekey_text(dataset: tf.data.Dataset, text_key: str, lang_id: int) -> tf.data.Dataset:
@@ -238,6 +260,26 @@ def _swap(cond, a, b):
     return tf.cond(cond, lambda: (b, a), lambda: (a, b))
 
 
+# (python function, parameters) -> tf.function; see `_shared_fn`.
+_SHARED_FNS: dict = {}
+
+
+def _shared_fn(fn, *params):
+    """`fn(ex, seed, *params)` as a `tf.function` of (ex, seed), one per (fn, params) in the
+    process, shared by every Task whose map calls it.
+
+    A mixture of k Tasks builds k copies of each per-example map; with a shared function each
+    copy only traces a call, and the body (conds, truncation, ...) is traced once per input
+    signature instead of k times. The ops, and so the examples, are unchanged.
+    """
+    key = (fn, params)
+    shared = _SHARED_FNS.get(key)
+    if shared is None:
+        shared = _SHARED_FNS[key] = tf.function(
+            lambda ex, seed: fn(ex, seed, *params), autograph=False)
+    return shared
+
+
 @seqio.map_over_dataset(num_seeds=1)
 def parallel_pairs(ex: Mapping[str, tf.Tensor], seed: tf.Tensor,
                    sequence_length: Optional[Mapping[str, int]] = None,
@@ -251,6 +293,10 @@ def parallel_pairs(ex: Mapping[str, tf.Tensor], seed: tf.Tensor,
     """
     max_side, max_total = _pair_limits(sequence_length, "input_ids", max_side_length,
                                        max_total_length)
+    return _shared_fn(_parallel_pair, max_side, max_total, bool(random_order))(ex, seed)
+
+
+def _parallel_pair(ex, seed, max_side, max_total, random_order):
     a, b, la, lb = ex["src_ids"], ex["tgt_ids"], ex["src_lang"], ex["tgt_lang"]
     if random_order:
         flip = tf.random.stateless_uniform([], seed) < 0.5
@@ -272,6 +318,10 @@ def veco_parallel_pairs(ex: Mapping[str, tf.Tensor], seed: tf.Tensor,
     cap = min(max_side_length, _length(sequence_length, "x_input_ids", max_side_length)) - 2
     if cap < 1:
         raise ValueError(f"veco_parallel_pairs: row length {cap + 2} is too short (need >= 3)")
+    return _shared_fn(_veco_parallel_pair, cap, bool(random_order))(ex, seed)
+
+
+def _veco_parallel_pair(ex, seed, cap, random_order):
     a, b, la, lb = ex["src_ids"], ex["tgt_ids"], ex["src_lang"], ex["tgt_lang"]
     if random_order:
         flip = tf.random.stateless_uniform([], seed) < 0.5

@@ -413,7 +413,10 @@ def _base_source_class():
             def unflatten(b):
                 out = {k: b[k] for k in sig if k not in vector_keys}
                 for k in vector_keys:
-                    out[k] = tf.RaggedTensor.from_row_lengths(b[k], b[k + "/len"])
+                    # `flush` builds the lengths from the values, so the (costly to trace,
+                    # once per Task) validation asserts are skipped.
+                    out[k] = tf.RaggedTensor.from_row_lengths(b[k], b[k + "/len"],
+                                                              validate=False)
                 return out
 
             ds = tf.data.Dataset.from_generator(gen, output_signature=block_sig)

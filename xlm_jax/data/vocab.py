@@ -313,6 +313,28 @@ def _seqio_class() -> type:
             arr = arr[(arr > UNK) & (arr < self.mask_id)]
             return self.tokenizer.DecodeIds(fairseq_to_spm(arr).tolist())
 
+        @property
+        def tf_tokenizer(self):
+            """The TF SentencePiece tokenizer, built once per vocabulary and outside any graph.
+
+            seqio builds a new one on every access; inside a traced function that puts the
+            model proto (an op attribute, ~370 KB for the demo) into the graph, and every
+            instantiation of that graph copies the attribute and loads its own processor.
+            A many-task mixture instantiates its tokenizing functions once per Task, so they
+            now capture this one eagerly created resource instead (same op, same ids).
+            """
+            tokenizer = self.__dict__.get("_xlm_jax_tf_tokenizer")
+            if tokenizer is None:
+                with tf.init_scope():  # eager even when first reached while tracing
+                    tokenizer = super().tf_tokenizer
+                self.__dict__["_xlm_jax_tf_tokenizer"] = tokenizer
+            return tokenizer
+
+        def __getstate__(self):
+            state = super().__getstate__()
+            state.pop("_xlm_jax_tf_tokenizer", None)  # a TF resource: rebuilt lazily
+            return state
+
         def _encode_tf(self, s: "tf.Tensor") -> "tf.Tensor":
             def remap(x):
                 return tf.where(
