@@ -25,17 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from xlm_jax.convert import hf as hf_lib
-from xlm_jax.data.pipeline import language_index
-from xlm_jax.data.sampling import KNOWN_LANGUAGES
+from xlm_jax.data.pipeline import default_language_list, language_index
 from xlm_jax.models.config import ModelConfig
 from xlm_jax.models.heads import pool as pool_fn
 from xlm_jax.models.transformer import Transformer, default_positions
-
-
-def default_language_list() -> list[str]:
-    """The data registry's default `lang_ids` table (`registry.default_language_list`, which is
-    not imported here because the registry pulls in TensorFlow)."""
-    return sorted(KNOWN_LANGUAGES)
 
 
 @dataclasses.dataclass

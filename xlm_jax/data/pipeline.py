@@ -26,6 +26,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from xlm_jax.data import sampling
+
 __all__ = [
     "BOS_ID",
     "PAD_ID",
@@ -35,6 +37,7 @@ __all__ = [
     "FEATURES",
     "KINDS",
     "PREFIXES",
+    "default_language_list",
     "feature_names",
     "language_index",
     "make_batch_iterator",
@@ -66,6 +69,12 @@ def feature_names(kind: str) -> tuple[str, ...]:
     """All model feature names of an example kind, e.g. `x_input_ids, ..., y_lang_ids`."""
     _check_kind(kind)
     return tuple(p + f for p in PREFIXES[kind] for f in FEATURES)
+
+
+def default_language_list() -> list[str]:
+    """The default `lang_ids` table: sorted `sampling.KNOWN_LANGUAGES` (pass your own list in
+    real runs so that ids stay fixed if the known set grows)."""
+    return sorted(sampling.KNOWN_LANGUAGES)
 
 
 def language_index(lang: str, languages: Sequence[str]) -> int:

@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from xlm_jax.data import preprocessors as prep
 from xlm_jax.data import sampling, sources
-from xlm_jax.data.pipeline import PREFIXES, language_index
+from xlm_jax.data.pipeline import PREFIXES, default_language_list, language_index
 from xlm_jax.data.sources import CorpusStats
 
 __all__ = [
@@ -235,12 +235,6 @@ class Registration:
     tasks: dict[str, str]
     rates: dict[str, float]
     stats: dict[str, CorpusStats]
-
-
-def default_language_list() -> list[str]:
-    """The default `lang_ids` table: sorted `sampling.KNOWN_LANGUAGES` (pass your own list in
-    real runs so that ids stay fixed if the known set grows)."""
-    return sorted(sampling.KNOWN_LANGUAGES)
 
 
 def _digest(items: Sequence[str]) -> str:
