@@ -10,6 +10,8 @@ The results are in docs/NOTES.md. Example (run from the repository root):
     python docs/experiments/demo_recipe_sweep.py --steps 3000 --eval_every 1000 --ln pre \
         --lr 5e-3 --dropout 0 --warmup 200 --layers 2 --hidden 64 --mlp 256 --bs 64
 
+`--xlco_w W` adds an in-batch contrastive loss on translation pairs (an upper bound for what
+a sentence-level signal such as InfoXLM's XLCo does here; it is not MMLM+TLM).
 `--save FILE` pickles (config, params) at the end for offline analysis.
 """
 import argparse, os, pickle, shutil, sys, tempfile, time
@@ -17,6 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 import numpy as np
 import jax
+import jax.numpy as jnp
+from xlm_jax.objectives.base import LossOutput, Objective
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.mlm import MaskedLM
@@ -50,6 +54,10 @@ p.add_argument("--schedule", default="linear")
 p.add_argument("--langs", default="", help="comma-separated Tatoeba languages (default all)")
 p.add_argument("--train_langs", default="", help="'tatoeba': train only on English and the "
                "Tatoeba languages; or a comma-separated list (default: every demo language)")
+p.add_argument("--xlco_w", type=float, default=0.0,
+               help="> 0: add an in-batch contrastive loss on translation pairs (upper bound, not MMLM+TLM)")
+p.add_argument("--xlco_layer", type=int, default=-1, help="layer pooled for --xlco_w (-1: last)")
+p.add_argument("--xlco_tau", type=float, default=0.1)
 p.add_argument("--save", default="")
 a = p.parse_args()
 print(vars(a), flush=True)
@@ -122,6 +130,47 @@ cfg = get_config("tiny", vocab_size=tok.vocab_size, num_layers=a.layers, hidden_
 net = Transformer(cfg)
 objs = [T.WeightedObjective(MaskedLM(net, "mmlm", "mono", a.mask, int(np.ceil(a.mask * a.seq)) + 2), a.mono_w),
         T.WeightedObjective(MaskedLM(net, "tlm", "pair", a.mask, int(np.ceil(a.mask * a.seq)) + 2), a.tlm_w)]
+
+class PairContrast(Objective):
+    """In-batch InfoNCE between mean-pooled sides of translation pairs (no queue, no momentum):
+    an upper bound on what a sentence-level cross-lingual signal does to retrieval here."""
+    name, stream = "xlco", "xlco"
+
+    def prepare(self, batch, rng):
+        return batch
+
+    def denominator(self, prepared):
+        return jnp.asarray(2.0 * prepared["src_ids"].shape[0])
+
+    def loss(self, params, prepared, rng, state, deterministic=False):
+        def pooled(mdl, ids):
+            out = mdl.encode(ids, deterministic=deterministic, return_hidden_states=True)
+            h = out.hidden_states[a.xlco_layer]
+            w = (ids != PAD).astype(h.dtype)[..., None]
+            v = (h * w).sum(1) / w.sum(1)
+            return v / jnp.linalg.norm(v, axis=-1, keepdims=True)
+        s = net.apply({"params": params}, prepared["src_ids"], method=pooled, rngs={"dropout": rng})
+        t = net.apply({"params": params}, prepared["tgt_ids"], method=pooled, rngs={"dropout": rng})
+        logits = s @ t.T / a.xlco_tau
+        lab = jnp.arange(s.shape[0])
+        l1 = -jnp.take_along_axis(jax.nn.log_softmax(logits, -1), lab[:, None], -1).sum()
+        l2 = -jnp.take_along_axis(jax.nn.log_softmax(logits.T, -1), lab[:, None], -1).sum()
+        acc = (jnp.argmax(logits, -1) == lab).sum() + (jnp.argmax(logits.T, -1) == lab).sum()
+        return LossOutput(loss_sum=l1 + l2, denominator=jnp.asarray(2.0 * s.shape[0]),
+                          metrics={"loss": l1 + l2, "accuracy": acc.astype(jnp.float32)})
+
+def pair_batch(bs, seq):
+    src = np.full((bs, seq), PAD, np.int32); tgt = np.full((bs, seq), PAD, np.int32)
+    for r in range(bs):
+        l = par_l[rs.choice(len(par_l), p=par_p)]
+        e, t = par[l][rs.randint(len(par[l]))]
+        for arr, x in ((src, e), (tgt, t)):
+            x = [BOS] + x[: seq - 2] + [EOS]
+            arr[r, :len(x)] = x
+    return {"src_ids": src, "tgt_ids": tgt}
+
+if a.xlco_w > 0:
+    objs.append(T.WeightedObjective(PairContrast(), a.xlco_w))
 ocfg = optim.OptimizerConfig(learning_rate=a.lr, schedule=a.schedule, warmup_steps=a.warmup,
                              total_steps=a.steps, weight_decay=0.01, clip_norm=1.0)
 tx = optim.make_optimizer(ocfg); sched = optim.make_schedule(ocfg)
@@ -148,11 +197,15 @@ rng = jax.random.PRNGKey(1)
 t0 = time.time(); tw = time.time()
 for i in range(1, a.steps + 1):
     batches = {"mmlm": pack(gen_mono, a.bs, a.seq), "tlm": pack(gen_pair, a.bs, a.seq)}
+    if a.xlco_w > 0:
+        batches["xlco"] = pair_batch(a.bs, a.seq // 2)
     state, m = step(state, batches, rng)
     if i % 50 == 0:
         m = jax.device_get(m)
         print(f"step {i} mmlm {m['mmlm/loss']:.3f} acc {m['mmlm/accuracy']:.3f} tlm {m['tlm/loss']:.3f} "
-              f"acc {m['tlm/accuracy']:.3f}  {(time.time()-tw)/50:.3f}s/step", flush=True)
+              f"acc {m['tlm/accuracy']:.3f}"
+              + (f" xlco {m['xlco/loss']:.3f} acc {m['xlco/accuracy']:.3f}" if a.xlco_w > 0 else "")
+              + f"  {(time.time()-tw)/50:.3f}s/step", flush=True)
         tw = time.time()
     if a.eval_every and (i % a.eval_every == 0 or i == a.steps):
         evaluate(state.params, f"step {i}, {time.time()-t0:.0f}s")
