@@ -122,7 +122,8 @@ class Encoder:
     def mlm_logits(self, input_ids: Any, attention_mask: Any | None = None,
                    lang_ids: Any | None = None) -> np.ndarray:
         """Vocabulary logits at every position, numpy [B, T, V] (evaluation/parity use);
-        `lang_ids` as in `hidden_states`."""
+        `lang_ids` as in `hidden_states`. V is the tokenizer's `vocab_size`: the columns of
+        vocabulary padding (`pad_vocab_to_multiple_of`) are dropped."""
         input_ids, mask, lang_ids = self._inputs(input_ids, attention_mask, lang_ids)
         return np.asarray(self._full_logits(self.params, input_ids, mask, lang_ids))
 
@@ -131,7 +132,7 @@ class Encoder:
         def fn(mdl, ids, m, lang_ids):
             h = mdl.encode(ids, attention_mask=_visibility(m), positions=default_positions(m),
                            lang_ids=lang_ids)
-            return mdl.full_mlm_logits(h.last_hidden_state)
+            return mdl.full_mlm_logits(h.last_hidden_state)[..., :mdl.config.vocab_size]
 
         return jax.jit(lambda p, i, m, l: self._model.apply({"params": p}, i, m, l, method=fn))
 

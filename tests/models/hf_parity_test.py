@@ -92,6 +92,28 @@ def test_import_export_roundtrip_through_transformers(hf_dir, tmp_path):
     _assert_parity(xlm_jax.load_encoder(str(ours)), model, ids, mask)
 
 
+def test_padded_vocabulary_model_matches_and_exports(hf_dir, tmp_path):
+    """An xlm_jax model with a padded vocabulary (120 -> 128 rows) built from the HF weights
+    gives transformers' hidden states and logits, and exports back to exactly 120 rows."""
+    from xlm_jax.convert import hf
+
+    d, model = hf_dir
+    cfg = hf.hf_config_to_model_config(json.load(open(os.path.join(d, "config.json"))))
+    cfg = cfg.replace(pad_vocab_to_multiple_of=32)
+    params = hf.hf_state_to_params(hf.read_hf_weights(d), cfg, source=d)
+    emb = params["embeddings"]["word_embeddings"]["embedding"]
+    assert emb.shape == (128, 64) and not emb[120:].any()
+    ours, back = tmp_path / "padded", tmp_path / "hf_again"
+    hf.save_xlm_jax(str(ours), cfg, params)
+    ids, mask = _padded_batch(model.config.vocab_size, seed=3)
+    _assert_parity(xlm_jax.load_encoder(str(ours)), model, ids, mask)
+    assert convert_main(["export-hf", "--checkpoint", str(ours), "--out", str(back)]) == 0
+    reloaded = transformers.XLMRobertaForMaskedLM.from_pretrained(str(back)).eval()
+    assert reloaded.config.vocab_size == 120
+    assert tuple(reloaded.roberta.embeddings.word_embeddings.weight.shape) == (120, 64)
+    _assert_parity(xlm_jax.load_encoder(str(ours)), reloaded, ids, mask)
+
+
 def test_shape_mismatch_names_parameter_and_shapes(hf_dir, tmp_path):
     d, _ = hf_dir
     cfg = json.load(open(os.path.join(d, "config.json")))

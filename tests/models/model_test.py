@@ -14,6 +14,7 @@ def test_named_sizes():
     base = get_config("base")
     assert (base.num_layers, base.hidden_size, base.mlp_dim, base.num_heads, base.vocab_size) == (
         12, 768, 3072, 12, 250002)
+    assert base.padded_vocab_size == 250112 and get_config("tiny").padded_vocab_size == 8002
     assert (get_config("large").num_layers, get_config("large").hidden_size) == (24, 1024)
     assert (get_config("xl").num_layers, get_config("xl").mlp_dim, get_config("xl").num_heads) == (
         48, 6144, 24)

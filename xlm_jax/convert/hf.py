@@ -164,9 +164,22 @@ def expected_shapes(cfg: ModelConfig, with_mlm_head: bool = True) -> dict[str, t
     return {"/".join(k.key for k in path): tuple(v.shape) for path, v in flat}
 
 
+VOCAB_PARAMS = ("embeddings/word_embeddings/embedding", "mlm_head/bias")  # rows = vocabulary
+
+
+def pad_vocab(path: str, value: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    """Zero rows appended to a vocabulary table of exactly `cfg.vocab_size` rows, up to
+    `cfg.padded_vocab_size`; any other parameter (or size) is returned unchanged."""
+    extra = cfg.padded_vocab_size - cfg.vocab_size
+    if path not in VOCAB_PARAMS or extra == 0 or value.shape[0] != cfg.vocab_size:
+        return value
+    return np.concatenate([value, np.zeros((extra,) + value.shape[1:], value.dtype)])
+
+
 def hf_state_to_params(state: Mapping[str, np.ndarray], cfg: ModelConfig,
                        source: str = "checkpoint") -> Params:
-    """HF state dict (numpy) -> our nested parameter dict; shape mismatches name both shapes."""
+    """HF state dict (numpy) -> our nested parameter dict; shape mismatches name both shapes.
+    Vocabulary tables are zero-padded when `cfg` pads the vocabulary."""
     prefix = "roberta." if any(k.startswith("roberta.") for k in state) else ""
     has_head = "lm_head.bias" in state
     shapes = expected_shapes(cfg, with_mlm_head=has_head)
@@ -175,7 +188,7 @@ def hf_state_to_params(state: Mapping[str, np.ndarray], cfg: ModelConfig,
         key = theirs if theirs.startswith("lm_head.") else prefix + theirs
         if key not in state:
             raise ValueError(f"{source}: parameter {key!r} is missing (needed for {ours})")
-        value = np.asarray(to_ours(np.asarray(state[key], np.float32)))
+        value = pad_vocab(ours, np.asarray(to_ours(np.asarray(state[key], np.float32))), cfg)
         if value.shape != shapes[ours]:
             raise ValueError(f"{source}: parameter {key!r} has shape {tuple(state[key].shape)} "
                              f"-> {value.shape} but the model expects {shapes[ours]} for {ours}")
@@ -184,12 +197,16 @@ def hf_state_to_params(state: Mapping[str, np.ndarray], cfg: ModelConfig,
 
 
 def params_to_hf_state(params: Params, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Our parameter dict -> an `XLMRobertaForMaskedLM` state dict (numpy, contiguous)."""
+    """Our parameter dict -> an `XLMRobertaForMaskedLM` state dict (numpy, contiguous);
+    vocabulary padding rows are dropped (HF tables have exactly `vocab_size` rows)."""
     has_head = "mlm_head" in params
     state = {}
     for ours, theirs, _, to_theirs in parameter_map(cfg, with_mlm_head=has_head):
         key = theirs if theirs.startswith("lm_head.") else "roberta." + theirs
-        state[key] = np.ascontiguousarray(to_theirs(np.asarray(_get(params, ours), np.float32)))
+        value = np.asarray(_get(params, ours), np.float32)
+        if ours in VOCAB_PARAMS:
+            value = value[:cfg.vocab_size]
+        state[key] = np.ascontiguousarray(to_theirs(value))
     if has_head:
         state["lm_head.decoder.bias"] = state["lm_head.bias"].copy()
     return state

@@ -23,6 +23,10 @@ class ModelConfig:
     """Sizes and switches of the encoder (and of VECO's optional cross-attention)."""
 
     vocab_size: int = 250002  # XLM-R: 250000 SentencePiece pieces + <pad> + <mask>
+    # Rows of the embedding table / logits are rounded up to this multiple (1 = exactly
+    # vocab_size, as XLM-R). 128 lets the vocab axis split over any tensor axis up to 128 and
+    # gives the logits matmul aligned tiles; the extra ids never occur and get -1e9 logits.
+    pad_vocab_to_multiple_of: int = 1
     hidden_size: int = 768  # d_model
     num_layers: int = 12  # encoder layers
     num_heads: int = 12  # attention heads; hidden_size must divide evenly
@@ -51,7 +55,7 @@ class ModelConfig:
 
         for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
                       "max_positions", "type_vocab_size", "relative_buckets",
-                      "relative_max_distance"):
+                      "relative_max_distance", "pad_vocab_to_multiple_of"):
             value = getattr(self, field)
             if not isinstance(value, int) or value <= 0:
                 raise bad(field, value, "must be a positive integer")
@@ -78,6 +82,12 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the word-embedding table and width of the MLM logits."""
+        m = self.pad_vocab_to_multiple_of
+        return -(-self.vocab_size // m) * m
 
     @property
     def max_sequence_length(self) -> int | None:
@@ -108,10 +118,16 @@ SIZES: dict[str, dict[str, Any]] = {
     # A CPU-demo model: trains in minutes on 2 cores.
     "tiny": dict(hidden_size=128, num_layers=4, num_heads=4, mlp_dim=512, vocab_size=8002,
                  max_positions=258),
-    "small": dict(hidden_size=768, num_layers=6, num_heads=12, mlp_dim=3072),
-    "base": dict(hidden_size=768, num_layers=12, num_heads=12, mlp_dim=3072),
-    "large": dict(hidden_size=1024, num_layers=24, num_heads=16, mlp_dim=4096),
-    "xl": dict(hidden_size=1536, num_layers=48, num_heads=24, mlp_dim=6144),
+    # The pod sizes pad XLM-R's 250002 ids to 250112 rows (a multiple of 128), so the vocab
+    # axis splits over any tensor axis up to 128; HF import/export add/drop the padding rows.
+    "small": dict(hidden_size=768, num_layers=6, num_heads=12, mlp_dim=3072,
+                  pad_vocab_to_multiple_of=128),
+    "base": dict(hidden_size=768, num_layers=12, num_heads=12, mlp_dim=3072,
+                 pad_vocab_to_multiple_of=128),
+    "large": dict(hidden_size=1024, num_layers=24, num_heads=16, mlp_dim=4096,
+                  pad_vocab_to_multiple_of=128),
+    "xl": dict(hidden_size=1536, num_layers=48, num_heads=24, mlp_dim=6144,
+               pad_vocab_to_multiple_of=128),
 }
 
 

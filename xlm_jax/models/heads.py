@@ -19,8 +19,16 @@ Array = jax.Array
 POOLING = ("cls", "mean")
 
 
+PADDED_LOGIT = -1e9  # logit of the vocabulary-padding ids: softmax weight exactly 0 in float32
+
+
 class MLMHead(nn.Module):
-    """XLM-R LM head: dense -> exact GELU -> LayerNorm -> tied decoder (word embeddings) + bias."""
+    """XLM-R LM head: dense -> exact GELU -> LayerNorm -> tied decoder (word embeddings) + bias.
+
+    With `pad_vocab_to_multiple_of > 1` the logits are `padded_vocab_size` wide and the padding
+    ids get PADDED_LOGIT, so losses, argmax and sampling never pick them and their rows of the
+    embedding table receive no gradient from the head.
+    """
 
     config: ModelConfig
 
@@ -32,8 +40,11 @@ class MLMHead(nn.Module):
                      bias_init=_zeros(("embed_proj",)), name="dense")(x)
         x = _layer_norm(cfg, "LayerNorm")(_gelu(x))
         logits = word_embeddings.attend(x.astype(cfg.compute_dtype))
-        bias = self.param("bias", _zeros(("vocab",)), (cfg.vocab_size,), cfg.params_dtype)
+        bias = self.param("bias", _zeros(("vocab",)), (cfg.padded_vocab_size,), cfg.params_dtype)
         logits = logits.astype(jnp.float32) + jnp.asarray(bias, jnp.float32)
+        if cfg.padded_vocab_size > cfg.vocab_size:
+            ids = jnp.arange(cfg.padded_vocab_size)
+            logits = jnp.where(ids < cfg.vocab_size, logits, PADDED_LOGIT)
         return nn.with_logical_constraint(
             logits, ("activation_batch", "activation_length", "activation_vocab"))
 

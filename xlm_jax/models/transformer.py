@@ -69,7 +69,7 @@ class Embeddings(nn.Module):
     def setup(self) -> None:
         cfg = self.config
         embed = functools.partial(nn.Embed, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype)
-        self.word_embeddings = embed(cfg.vocab_size, cfg.hidden_size,
+        self.word_embeddings = embed(cfg.padded_vocab_size, cfg.hidden_size,
                                      embedding_init=_init(cfg, ("vocab", "embed")))
         if cfg.position_type in ("absolute", "both"):
             self.position_embeddings = embed(cfg.max_positions, cfg.hidden_size,
@@ -277,10 +277,11 @@ class Transformer(nn.Module):
                              hidden_states=tuple(hidden) if return_hidden_states else None)
 
     def mlm_logits(self, hidden: Array, positions: Array) -> Array:
-        """Tied-decoder MLM logits [B, P, V] (float32) at `positions` [B, P] of `hidden`."""
+        """Tied-decoder MLM logits [B, P, V'] (float32) at `positions` [B, P] of `hidden`;
+        V' = `config.padded_vocab_size`, the padding ids' logits are -1e9."""
         gathered = jnp.take_along_axis(hidden, positions[..., None], axis=1)
         return self.mlm_head(gathered, self.embeddings.word_embeddings)
 
     def full_mlm_logits(self, hidden: Array) -> Array:
-        """Logits at every position [B, T, V] — for evaluation/parity only, never in training."""
+        """Logits at every position [B, T, V'] — for evaluation/parity only, never in training."""
         return self.mlm_head(hidden, self.embeddings.word_embeddings)

@@ -170,8 +170,12 @@ def train(model_dir: str,
             if init_from:
                 from xlm_jax.encoder import load_encoder
 
-                pre = load_encoder(init_from).params
-                params = trainer_lib.load_pretrained_params(state.params, pre, init_from)
+                pre = load_encoder(init_from)
+                if pre.config.vocab_size != model.vocab_size:
+                    raise ValueError(f"{init_from}: vocab_size={pre.config.vocab_size} but the "
+                                     f"model being trained has vocab_size={model.vocab_size}")
+                params = trainer_lib.load_pretrained_params(state.params, pre.params, init_from,
+                                                            vocab_size=model.vocab_size)
                 state = state.replace(params=jax.device_put(params, shardings.params))
             start = 0
             if save_initial and save_checkpoints:  # step 0 = the untrained model, for baselines

@@ -113,6 +113,29 @@ def logical_shardings(boxed_tree: Any, mesh: Mesh, rules: Rules) -> Any:
     return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
+def check_divisible(boxed_tree: Any, shardings: Any) -> None:
+    """Raises a one-line ValueError for the first array dimension that its mesh axes do not
+    divide evenly (jax refuses such shardings deep inside jit), naming the parameter, its
+    logical axis and the fix."""
+    is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
+    logical = jax.tree_util.tree_flatten_with_path(nn.get_partition_spec(boxed_tree),
+                                                   is_leaf=is_spec)[0]
+    shapes = jax.tree_util.tree_leaves(nn.meta.unbox(boxed_tree))
+    named = jax.tree_util.tree_leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+    for (path, names), shape, sharding in zip(logical, shapes, named):
+        for dim, (size, axes) in enumerate(zip(shape.shape, sharding.spec)):
+            axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+            split = math.prod(sharding.mesh.shape[a] for a in axes)
+            if size % split:
+                name = names[dim] if dim < len(names) else None
+                hint = ("set the model's pad_vocab_to_multiple_of (e.g. 128)" if name == "vocab"
+                        else f"change the logical axis rule for {name!r} or the mesh")
+                raise ValueError(
+                    f"train state{jax.tree_util.keystr(path)}: dimension {dim} (logical axis {name!r}) has "
+                    f"size {size}, which mesh axes {axes} of total size {split} do not divide; "
+                    f"{hint}")
+
+
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     """Batches are split along their leading axis over `data` x `fsdp`, replicated over tensor."""
     return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))

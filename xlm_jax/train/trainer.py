@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from xlm_jax.convert import hf
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import Batch, Objective
 from xlm_jax.train import optim as optim_lib
@@ -81,6 +82,7 @@ def state_shardings(init_fn: Callable[[Array], TrainState], mesh: jax.sharding.M
     """(abstract unboxed state, its NamedShardings) from the logical annotations."""
     boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
     shardings = partitioning.logical_shardings(boxed, mesh, rules)
+    partitioning.check_divisible(boxed, shardings)
     abstract = nn.meta.unbox(boxed)
     return abstract, shardings
 
@@ -183,20 +185,27 @@ def make_eval_step(objectives: Sequence[WeightedObjective]) -> Callable[..., dic
     return eval_step
 
 
-def load_pretrained_params(params: Any, pretrained: Any, source: str) -> Any:
+def load_pretrained_params(params: Any, pretrained: Any, source: str,
+                           vocab_size: int | None = None) -> Any:
     """Copies every parameter of `pretrained` into `params` (same paths, same shapes).
 
     Parameters the pretrained model lacks (new heads, language embeddings) keep their
-    initialisation; a shape mismatch is a one-line error naming the parameter.
+    initialisation; a shape mismatch is a one-line error naming the parameter. With
+    `vocab_size` (the model's unpadded vocabulary), vocabulary tables may differ in padding
+    rows only: their first `vocab_size` rows are copied and the padding rows keep their init.
     """
     flat_pre = {jax.tree_util.keystr(p): v for p, v in
                 jax.tree_util.tree_flatten_with_path(pretrained)[0]}
+    vocab_keys = {"".join(f"[{k!r}]" for k in path.split("/")) for path in hf.VOCAB_PARAMS}
 
     def pick(path, value):
         key = jax.tree_util.keystr(path)
         if key not in flat_pre:
             return value
         new = flat_pre[key]
+        if (vocab_size and key in vocab_keys and new.shape[1:] == value.shape[1:]
+                and min(new.shape[0], value.shape[0]) >= vocab_size):
+            return jnp.asarray(value).at[:vocab_size].set(jnp.asarray(new[:vocab_size], value.dtype))
         if tuple(new.shape) != tuple(value.shape):
             raise ValueError(f"{source}: parameter {key} has shape {tuple(new.shape)} but the "
                              f"model expects {tuple(value.shape)}")

@@ -1,0 +1,78 @@
+"""The vocabulary over a tensor axis: an indivisible table is a one-line error before anything
+compiles; padding it (`pad_vocab_to_multiple_of`) trains on tensor=4 exactly as on one device;
+initialising from an HF XLM-R directory copies its weights into the padded tables."""
+import os
+
+import numpy as np
+import pytest
+
+from xlm_jax.convert import hf
+from xlm_jax.objectives.mlm import MaskedLM
+from xlm_jax.train import checkpoints, loop, optim, partitioning
+
+SMALL = {"vocab_size": 250, "num_layers": 2, "hidden_size": 32, "num_heads": 4, "mlp_dim": 64,
+         "max_positions": 66, "dropout_rate": 0.0, "attention_dropout_rate": 0.0}
+
+
+def _train(model_dir, steps, overrides=None, mesh=None, num_devices=1, **kw):
+    return loop.train(
+        str(model_dir), model=loop.model_config("tiny", {**SMALL, **(overrides or {})}),
+        objectives={"mmlm": loop.ObjectiveSpec(factory=lambda model, name: MaskedLM(
+            model, name=name, stream="mono", max_predictions=6), task="synthetic:mono")},
+        train_steps=steps, batch_size=8, seq_len=32,
+        optimizer=optim.OptimizerConfig(learning_rate=3e-3, warmup_steps=2, total_steps=20),
+        mesh=mesh or partitioning.MeshConfig(data=-1), num_devices=num_devices,
+        checkpoint=checkpoints.CheckpointConfig(save_every_steps=1000, keep=5, async_save=False),
+        log_every=1, stream=open(os.devnull, "w"), **kw)
+
+
+def test_indivisible_vocabulary_is_named_before_compiling(tmp_path):
+    with pytest.raises(ValueError) as e:
+        _train(tmp_path / "m", 2, mesh=partitioning.MeshConfig(data=2, tensor=4), num_devices=8)
+    msg = str(e.value).splitlines()[0]  # gin appends "In call to configurable ..." below
+    assert "word_embeddings" in msg and "'vocab'" in msg and "size 250" in msg
+    assert "pad_vocab_to_multiple_of" in msg
+    assert not os.path.exists(tmp_path / "m" / "checkpoints" / "2")
+
+
+def test_padded_vocabulary_on_tensor_four_matches_single_device(tmp_path):
+    pad = {"pad_vocab_to_multiple_of": 128}
+    single = _train(tmp_path / "one", 4, pad)
+    plain = _train(tmp_path / "plain", 4)  # the same model without padding
+    sharded = _train(tmp_path / "four", 4, pad, mesh=partitioning.MeshConfig(data=2, tensor=4),
+                     num_devices=8)
+    assert single.losses[0] > 5.0
+    np.testing.assert_allclose(single.losses, plain.losses, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(sharded.losses, single.losses, atol=1e-5, rtol=0)
+    a = hf.load_xlm_jax(str(tmp_path / "four"))[1]
+    b = hf.load_xlm_jax(str(tmp_path / "one"))[1]
+    emb_a = np.asarray(a["embeddings"]["word_embeddings"]["embedding"])
+    emb_b = np.asarray(b["embeddings"]["word_embeddings"]["embedding"])
+    assert emb_a.shape == (256, 32)
+    np.testing.assert_allclose(emb_a, emb_b, atol=1e-5, rtol=0)
+
+
+def test_init_from_hf_dir_into_padded_model(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf_model = transformers.XLMRobertaForMaskedLM(transformers.XLMRobertaConfig(
+        vocab_size=250, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=66, type_vocab_size=1,
+        layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2))
+    hf_model.save_pretrained(tmp_path / "hf")
+    state = {k: v.numpy() for k, v in hf_model.state_dict().items()}
+    _train(tmp_path / "run", 1, {"pad_vocab_to_multiple_of": 128}, init_from=str(tmp_path / "hf"),
+           save_initial=True)
+    params = hf.load_xlm_jax(str(tmp_path / "run"), step=0)[1]
+    emb = np.asarray(params["embeddings"]["word_embeddings"]["embedding"])
+    assert emb.shape == (256, 32)
+    np.testing.assert_array_equal(emb[:250], state["roberta.embeddings.word_embeddings.weight"])
+    np.testing.assert_array_equal(np.asarray(params["mlm_head"]["bias"])[:250], state["lm_head.bias"])
+    np.testing.assert_array_equal(
+        np.asarray(params["layers_1"]["mlp"]["output"]["kernel"]),
+        state["roberta.encoder.layer.1.output.dense.weight"].T)
+    # a different vocabulary is refused, naming both sizes
+    with pytest.raises(ValueError, match=r"vocab_size=250 but the model being trained has "
+                                         r"vocab_size=300"):
+        _train(tmp_path / "other", 1, {"vocab_size": 300}, init_from=str(tmp_path / "hf"))
