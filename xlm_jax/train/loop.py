@@ -143,7 +143,8 @@ def train(model_dir: str,
         raise ValueError(f"global batch size {batch_size} with accum_steps={accum_steps} gives "
                          f"microbatches not divisible by the data-parallel size {dp}")
     rules = partitioning.standard_logical_axis_rules(axis_rule_overrides)
-    data_lib.import_modules(task_modules)
+    if not force_synthetic:  # synthetic runs (the benchmark) must not need TensorFlow
+        data_lib.import_modules(task_modules)
     languages = None if force_synthetic else data_lib.language_list(
         [spec.task for spec in objectives.values()])
     if languages and model.num_languages and model.num_languages < len(languages) + 1:
