@@ -77,8 +77,18 @@ def test_sigkill_then_resume_is_exact(tmp_path):
     events = acc.Scalars("loss")
     assert [e.step for e in events] == list(range(1, 21))
     np.testing.assert_allclose([e.value for e in events], [a[s] for s in range(1, 21)], rtol=1e-6)
-    for name in ("mmlm/loss", "tlm/loss", "learning_rate", "grad_norm", "tokens_per_sec"):
+    for name in ("mmlm/loss", "tlm/loss", "learning_rate", "grad_norm", "tokens_per_sec",
+                 "model_tflops_per_sec"):
         assert name in acc.Tags()["scalars"], name
+    assert "mfu" not in acc.Tags()["scalars"]  # a CPU has no known peak: no fake 0% MFU
+    # model FLOP/s = tokens/s x the run's FLOPs per token (one constant for the whole run)
+    ratios = [f.value / t.value for f, t in zip(acc.Scalars("model_tflops_per_sec"),
+                                                acc.Scalars("tokens_per_sec"))]
+    from xlm_jax.convert import hf
+    from xlm_jax.train import flops
+
+    cfg = hf.read_model_config(os.path.join(straight, hf.CONFIG_NAME))
+    np.testing.assert_allclose(ratios, flops.train_flops_per_token(cfg, 32) / 1e12, rtol=1e-4)
 
     # The run records what produced it.
     info = json.load(open(os.path.join(straight, "run_info.json")))

@@ -4,7 +4,8 @@ Counted as matmul FLOPs x 3 (forward + backward), with the MLM head at the gathe
 only (its share is small because training never evaluates the vocabulary everywhere):
   per token per layer: 2 * (4 d^2 + 2 d f)  (projections + FFN)  + 2 * 2 * T * d  (scores, values)
   head per prediction: 2 * (d^2 + d V), times the prediction share (mask_prob, 15%).
-Peak bf16 numbers are the vendors' dense figures; on a CPU the MFU is reported as 0.
+Peak bf16 numbers are the vendors' dense figures. On a CPU (or a chip not listed) there is no
+peak: the trainer then logs only `model_tflops_per_sec` and the benchmark prints MFU n/a.
 """
 from __future__ import annotations
 
