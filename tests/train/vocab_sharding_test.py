@@ -38,7 +38,9 @@ def test_indivisible_vocabulary_is_named_before_compiling(tmp_path):
 def test_padded_vocabulary_on_tensor_four_matches_single_device(tmp_path):
     pad = {"pad_vocab_to_multiple_of": 128}
     single = _train(tmp_path / "one", 4, pad)
-    plain = _train(tmp_path / "plain", 4)  # the same model without padding
+    # The same model without padding: with jax's partitionable threefry the first 250 rows of
+    # the padded table draw the unpadded table's values, so the two runs must agree exactly.
+    plain = _train(tmp_path / "plain", 4)
     sharded = _train(tmp_path / "four", 4, pad, mesh=partitioning.MeshConfig(data=2, tensor=4),
                      num_devices=8)
     assert single.losses[0] > 5.0
@@ -76,3 +78,28 @@ def test_init_from_hf_dir_into_padded_model(tmp_path):
     with pytest.raises(ValueError, match=r"vocab_size=250 but the model being trained has "
                                          r"vocab_size=300"):
         _train(tmp_path / "other", 1, {"vocab_size": 300}, init_from=str(tmp_path / "hf"))
+
+
+def test_other_indivisible_dimensions_name_their_rule():
+    import flax.linen as nn
+    import jax
+
+    from xlm_jax.models.config import get_config
+    from xlm_jax.models.transformer import Transformer
+
+    cfg = get_config("tiny", **{**SMALL, "vocab_size": 256, "mlp_dim": 66})
+    model = Transformer(cfg)
+    boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), np.zeros((2, 8), np.int32)))
+    mesh = partitioning.make_mesh(partitioning.MeshConfig(data=2, tensor=4))
+    rules = partitioning.standard_logical_axis_rules()
+    with pytest.raises(ValueError) as e:
+        partitioning.check_divisible(boxed, partitioning.logical_shardings(boxed, mesh, rules))
+    msg = str(e.value)
+    assert msg.startswith("train state['params']['layers_0']['mlp']['intermediate']['bias']: "
+                          "dimension 0 (logical axis 'mlp') has size 66"), msg
+    assert "change the logical axis rule for 'mlp' or the mesh" in msg
+    # replicating `mlp` (an axis-rule override) makes the same mesh valid
+    rules = partitioning.standard_logical_axis_rules([("mlp", None), ("activation_mlp", None)])
+    partitioning.check_divisible(boxed, partitioning.logical_shardings(boxed, mesh, rules))
+    assert nn.get_partition_spec(boxed)["params"]["embeddings"]["word_embeddings"]["embedding"] \
+        == jax.sharding.PartitionSpec("vocab", "embed")

@@ -117,12 +117,14 @@ def check_divisible(boxed_tree: Any, shardings: Any) -> None:
     """Raises a one-line ValueError for the first array dimension that its mesh axes do not
     divide evenly (jax refuses such shardings deep inside jit), naming the parameter, its
     logical axis and the fix."""
-    is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
-    logical = jax.tree_util.tree_flatten_with_path(nn.get_partition_spec(boxed_tree),
-                                                   is_leaf=is_spec)[0]
-    shapes = jax.tree_util.tree_leaves(nn.meta.unbox(boxed_tree))
+    is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)  # noqa: E731
+    leaves = jax.tree_util.tree_flatten_with_path(boxed_tree, is_leaf=is_box)[0]
     named = jax.tree_util.tree_leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
-    for (path, names), shape, sharding in zip(logical, shapes, named):
+    if len(leaves) != len(named):
+        raise ValueError(f"{len(leaves)} state leaves but {len(named)} shardings")
+    for (path, leaf), sharding in zip(leaves, named):
+        names = tuple(leaf.names) if isinstance(leaf, nn.Partitioned) else ()
+        shape = nn.meta.unbox(leaf)
         for dim, (size, axes) in enumerate(zip(shape.shape, sharding.spec)):
             axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
             split = math.prod(sharding.mesh.shape[a] for a in axes)
@@ -131,9 +133,9 @@ def check_divisible(boxed_tree: Any, shardings: Any) -> None:
                 hint = ("set the model's pad_vocab_to_multiple_of (e.g. 128)" if name == "vocab"
                         else f"change the logical axis rule for {name!r} or the mesh")
                 raise ValueError(
-                    f"train state{jax.tree_util.keystr(path)}: dimension {dim} (logical axis {name!r}) has "
-                    f"size {size}, which mesh axes {axes} of total size {split} do not divide; "
-                    f"{hint}")
+                    f"train state{jax.tree_util.keystr(path)}: dimension {dim} (logical axis "
+                    f"{name!r}) has size {size}, which mesh axes {axes} of total size {split} "
+                    f"do not divide; {hint}")
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
