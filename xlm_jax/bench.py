@@ -74,8 +74,11 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
     peak = flops_lib.peak_flops_per_device()
     mfu = flops_lib.mfu(result.flops_per_token * tok_s)
     dev = jax.devices()[0]
+    pad_note = (f" (table padded to {model_cfg.padded_vocab_size})"
+                if model_cfg.padded_vocab_size != model_cfg.vocab_size else "")
     print(f"device: {jax.device_count()} x {dev.device_kind} ({dev.platform}); model: "
-          f"{model_cfg.num_layers}L d={model_cfg.hidden_size} V={model_cfg.vocab_size}; "
+          f"{model_cfg.num_layers}L d={model_cfg.hidden_size} V={model_cfg.vocab_size}"
+          f"{pad_note}; "
           f"objectives/step: {', '.join(result.objectives)}; "
           f"global batch {bs} x {sl} per objective")
     print(f"xlm_jax  : step {step_s * 1000:9.1f} ms  tokens/s {tok_s:10.1f}  "
