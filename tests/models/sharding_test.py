@@ -69,7 +69,7 @@ def test_eight_device_forward_equals_single_device(variant):
     mesh = partitioning.make_mesh({"data": 2, "fsdp": 2, "tensor": 2}, jax.devices()[:8])
     rules = partitioning.standard_logical_axis_rules()
     shardings = partitioning.logical_shardings(boxed, mesh, rules)
-    with mesh, nn.logical_axis_rules(rules):
+    with partitioning.activate(mesh, rules):  # the trainer's context: constraints on
         sharded_params = jax.device_put(params, shardings)
         batch_sh = partitioning.batch_sharding(mesh)
         ids = jax.device_put(b["input_ids"], batch_sh)
@@ -80,6 +80,29 @@ def test_eight_device_forward_equals_single_device(variant):
     q = sharded_params["layers_0"]["attention"]["query"]["kernel"]
     assert len(q.sharding.device_set) == 8 and q.addressable_shards[0].data.shape == (16, 2, 8)
     np.testing.assert_allclose(np.asarray(out), np.asarray(single), atol=1e-5, rtol=0)
+
+
+def test_activation_constraints_take_effect_in_the_trainer_context():
+    """Under `partitioning.activate` (what the trainer uses) every layer's activations carry
+    sharding constraints; under the legacy `with mesh:` flax silently dropped all of them."""
+    cfg = get_config("tiny", **FULL)
+    model = Transformer(cfg)
+    ids = _batch()["input_ids"]
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(1), ids))["params"]
+    fwd = lambda p: model.apply({"params": p}, ids, method=Transformer.encode)  # noqa: E731
+    mesh = partitioning.make_mesh({"data": 2, "fsdp": 2, "tensor": 2}, jax.devices()[:8])
+    rules = partitioning.standard_logical_axis_rules()
+
+    def count(jaxpr):
+        return str(jaxpr).count("sharding_constraint")
+
+    with mesh, nn.logical_axis_rules(rules):
+        legacy = count(jax.make_jaxpr(fwd)(params))
+    with partitioning.activate(mesh, rules):
+        active = count(jax.make_jaxpr(fwd)(params))
+    assert legacy == 0
+    # embeddings + per layer: q, k, v, attention output, FFN intermediate, layer output
+    assert active >= 1 + cfg.num_layers * 5, active
 
 
 def test_mesh_errors():

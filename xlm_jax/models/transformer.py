@@ -102,6 +102,35 @@ class Embeddings(nn.Module):
         return constrain(x, ("activation_batch", "activation_length", "activation_embed"))
 
 
+class Projection(nn.Module):
+    """`x[..., *in] @ kernel[*in, *features] + bias[*features]` over the last `contract` axes.
+
+    What flax's `DenseGeneral` computes, with the same parameter names, shapes and initial
+    values, but the kernel is created in its final shape: `DenseGeneral` creates it flat and
+    reshapes it, which applies the kernel's logical sharding constraint to the flat array and
+    fails (rank mismatch) whenever a mesh is set with `jax.set_mesh`, as the trainer does so
+    that activation constraints take effect.
+    """
+
+    config: ModelConfig
+    features: tuple[int, ...]
+    kernel_names: tuple[str, ...]
+    bias_names: tuple[str, ...]
+    contract: int = 1
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.config
+        kernel = self.param("kernel", _init(cfg, self.kernel_names),
+                            x.shape[x.ndim - self.contract:] + tuple(self.features),
+                            cfg.params_dtype)
+        bias = self.param("bias", _zeros(self.bias_names), tuple(self.features), cfg.params_dtype)
+        x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.compute_dtype)
+        dims = ((tuple(range(x.ndim - self.contract, x.ndim)), tuple(range(self.contract))),
+                ((), ()))
+        return jax.lax.dot_general(x, kernel, dims) + bias
+
+
 class MultiHeadAttention(nn.Module):
     """Self- or cross-attention: q/k/v projections, optional gated relative bias, output proj."""
 
@@ -113,9 +142,8 @@ class MultiHeadAttention(nn.Module):
                  relative_table: Array | None, deterministic: bool) -> Array:
         cfg = self.config
         proj = functools.partial(
-            nn.DenseGeneral, features=(cfg.num_heads, cfg.head_dim), axis=-1,
-            dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
-            kernel_init=_init(cfg, ("embed", "heads", "kv")), bias_init=_zeros(("heads", "kv")))
+            Projection, cfg, (cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"),
+            ("heads", "kv"))
         q = proj(name="query")(x)
         k = proj(name="key")(kv_input)
         v = proj(name="value")(kv_input)
@@ -134,10 +162,8 @@ class MultiHeadAttention(nn.Module):
             q, k, v, bias=bias, mask=mask, backend=cfg.attention_backend,
             dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng,
             deterministic=deterministic)
-        out = nn.DenseGeneral(
-            features=cfg.hidden_size, axis=(-2, -1), dtype=cfg.compute_dtype,
-            param_dtype=cfg.params_dtype, kernel_init=_init(cfg, ("heads", "kv", "embed")),
-            bias_init=_zeros(("embed",)), name="out")(out)
+        out = Projection(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), ("embed",),
+                         contract=2, name="out")(out)
         return constrain(out, ("activation_batch", "activation_length", "activation_embed"))
 
 

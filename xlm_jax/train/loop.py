@@ -164,7 +164,7 @@ def train(model_dir: str,
         _write_model_files(model_dir, model, spm_model, languages)
 
     latest = ckpt.latest_step()
-    with device_mesh, nn.logical_axis_rules(rules):
+    with partitioning.activate(device_mesh, rules):
         if latest is None:
             state = jax.jit(lambda r: nn.meta.unbox(init_fn(r)), out_shardings=shardings)(
                 jax.random.PRNGKey(seed))

@@ -7,9 +7,10 @@ topology — so the same gin file runs on CPU, GPU and TPU (t5x#410 broke GPU by
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -32,10 +33,9 @@ def standard_logical_axis_rules(overrides: Sequence[tuple[str, Any]] = ()) -> Ru
     rules: dict[str, Any] = {
         # parameters
         "embed": "fsdp",
-        # The d x d projections of the heads stay replicated over `tensor`: with them split
-        # over `tensor` while `embed` is on `fsdp` and the batch on (data, fsdp), XLA's SPMD
-        # partitioner (jax 0.10.2, CPU, shardy and GSPMD alike) gave wrong MLM-head gradients
-        # (max error 0.1 on values of 0.09) although the loss matched. They are small (d^2).
+        # The heads' d x d projections are replicated over `tensor`: they are small (d^2) and
+        # their output is needed whole (LayerNorm). On `tensor` they are also correct now that
+        # the heads constrain that output (tests/train/trainer_test.py checks both layouts).
         "embed_proj": None,
         "mlp": "tensor",
         "heads": "tensor",
@@ -105,6 +105,15 @@ def make_mesh(mesh: MeshConfig | Mapping[str, int] | None = None,
     # whole data-parallel shards.
     grid = np.array(devices, dtype=object).reshape(shape)
     return Mesh(grid, MESH_AXES)
+
+
+@contextlib.contextmanager
+def activate(mesh: Mesh, rules: Rules) -> Iterator[None]:
+    """The context in which the model's logical activation constraints take effect: the mesh
+    set with `jax.set_mesh` (flax looks it up through `jax.sharding.get_abstract_mesh()`; the
+    legacy `with mesh:` leaves every `nn.with_logical_constraint` a silent no-op) and `rules`."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        yield
 
 
 def logical_shardings(boxed_tree: Any, mesh: Mesh, rules: Rules) -> Any:
