@@ -1,9 +1,9 @@
 """Minimal reproducer: jit(grad) with out_shardings returns wrong gradients on CPU SPMD.
 
-Why it is here: `xlm_jax.train.partitioning` replicates the MLM head's d x d projection
-(`embed_proj`) instead of sharding it over `tensor`, because with that sharding the trainer's
-MLM-head gradients were wrong (tests/train/trainer_test.py guards the workaround). This script
-is the same failure in 20 lines, without flax or the library, for an upstream report:
+Why it is here: with the MLM head's d x d projection (`embed_proj`) sharded over `tensor`, the
+trainer's gradients were wrong until the head constrained that projection's output
+(tests/train/trainer_test.py runs both layouts). This script is the same failure in 20 lines,
+without flax or the library, for an upstream report:
 
     python docs/experiments/spmd_grad_repro.py
 
@@ -12,7 +12,8 @@ batch on ('data', 'fsdp'), loss = sum(logsumexp((x @ w) @ e.T)). The gradient w.
 under jit with `out_shardings=P('fsdp', 'tensor')` differs from the single-device one by as much
 as the gradient itself; without `out_shardings`, or with a 2-D x, it matches to 1e-6. Shardy
 and GSPMD (`jax_use_shardy_partitioner=False`) give the same wrong numbers (jax 0.10.2, 8 host
-CPU devices).
+CPU devices). Constraining the intermediate `x @ w` to P(('data', 'fsdp'), None, None) with
+`jax.lax.with_sharding_constraint` makes it right to 5e-7, which is how the MLM head avoids it.
 """
 import os
 import sys

@@ -19,6 +19,7 @@ Array = jax.Array
 POOLING = ("cls", "mean")
 
 
+ACTIVATION = ("activation_batch", "activation_length", "activation_embed")
 PADDED_LOGIT = -1e9  # logit of the vocabulary-padding ids: softmax weight exactly 0 in float32
 
 
@@ -38,6 +39,10 @@ class MLMHead(nn.Module):
         x = nn.Dense(cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
                      kernel_init=_init(cfg, ("embed", "embed_proj")),
                      bias_init=_zeros(("embed_proj",)), name="dense")(x)
+        # Pin the projection's output to the standard activation layout. Left to XLA's
+        # propagation, with `embed_proj` on `tensor` the SPMD partitioner (jax 0.10.2, CPU)
+        # produced wrong gradients (docs/experiments/spmd_grad_repro.py).
+        x = nn.with_logical_constraint(x, ACTIVATION)
         x = _layer_norm(cfg, "LayerNorm")(_gelu(x))
         logits = word_embeddings.attend(x.astype(cfg.compute_dtype))
         bias = self.param("bias", _zeros(("vocab",)), (cfg.padded_vocab_size,), cfg.params_dtype)
@@ -60,6 +65,7 @@ class RTDHead(nn.Module):
         x = nn.Dense(cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
                      kernel_init=_init(cfg, ("embed", "embed_proj")),
                      bias_init=_zeros(("embed_proj",)), name="dense")(x)
+        x = nn.with_logical_constraint(x, ACTIVATION)  # as in MLMHead
         x = nn.Dense(1, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
                      kernel_init=_init(cfg, ("embed_proj", "scalar")),
                      bias_init=_zeros(("scalar",)), name="out")(_gelu(x))
