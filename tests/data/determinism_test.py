@@ -105,7 +105,7 @@ def test_same_seed_same_batches_in_two_fresh_processes(corpus):
 @pytest.mark.parametrize("name", ["det_mono", "det_par"])
 def test_shared_traces_give_the_batches_of_per_task_traces(corpus, name, monkeypatch):
     """The start-up speed-ups must not change the stream: one traced tokenizer / pair function
-    shared by all Tasks (`preprocessors._block_tokenizer`, `_shared_fn`) and one eagerly built
+    shared by all Tasks (`preprocessors._shared_fn`) and one eagerly built
     SentencePiece resource per vocabulary give exactly the batches of per-Task traces that
     build their own tokenizer (seqio's `tf_tokenizer`), as before these were introduced."""
     import seqio  # pylint: disable=g-import-not-at-top
@@ -120,10 +120,8 @@ def test_shared_traces_give_the_batches_of_per_task_traces(corpus, name, monkeyp
     shared = take(25)
     provider = registry.get_provider(name)
     vocab_cls = type(provider.output_features["input_ids"].vocabulary)
-    monkeypatch.setattr(prep, "_block_tokenizer",
-                        lambda vocab, keys: lambda batch: prep._tokenize_block(batch, vocab, keys))
     monkeypatch.setattr(prep, "_shared_fn",
-                        lambda fn, *params: lambda ex, seed: fn(ex, seed, *params))
+                        lambda fn, *params: lambda *args: fn(*args, *params))
     monkeypatch.setattr(vocab_cls, "tf_tokenizer", seqio.SentencePieceVocabulary.tf_tokenizer)
     per_task = take(25)
     for k, (a, b) in enumerate(zip(shared, per_task)):

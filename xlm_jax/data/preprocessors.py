@@ -81,30 +81,12 @@ def tokenize(dataset: tf.data.Dataset, output_features: Mapping[str, seqio.Featu
         if key not in dataset.element_spec:
             raise ValueError(f"tokenize: no feature {key!r} to tokenize "
                              f"(features: {sorted(dataset.element_spec)})")
-    fn = _block_tokenizer(vocab, tuple(keys.items()))
+    # One traced tokenizing graph (ragged merges with their checks) per (vocabulary, keys) in
+    # the process instead of one per Task; same ops, so the same ids
+    # (tests/data/determinism_test.py compares shared and per-Task traces).
+    fn = _shared_fn(_tokenize_block, vocab, tuple(keys.items()))
     return (dataset.ragged_batch(block).map(fn, num_parallel_calls=tf.data.AUTOTUNE)
             .unbatch())
-
-
-# (id(vocab), keys) -> (vocab, tf.function); the vocabulary is kept so that its id stays unique.
-_BLOCK_TOKENIZERS: dict = {}
-
-
-def _block_tokenizer(vocab: seqio.Vocabulary, keys: tuple[tuple[str, str], ...]):
-    """`_tokenize_block` as one `tf.function` per (vocabulary, keys), shared by every Task
-    that tokenizes with them.
-
-    Each Task's `map` then only traces a call: the tokenizing graph (ragged merges with their
-    checks) is traced once per process instead of once per Task. The ops, and so the ids, are
-    those of a per-Task trace (tests/data/determinism_test.py compares the two).
-    """
-    cache_key = (id(vocab), keys)
-    hit = _BLOCK_TOKENIZERS.get(cache_key)
-    if hit is not None and hit[0] is vocab:
-        return hit[1]
-    fn = tf.function(lambda batch: _tokenize_block(batch, vocab, keys), autograph=False)
-    _BLOCK_TOKENIZERS[cache_key] = (vocab, fn)
-    return fn
 
 
 def _tokenize_block(batch, vocab: seqio.Vocabulary, keys: tuple[tuple[str, str], ...]):
@@ -260,24 +242,35 @@ def _swap(cond, a, b):
     return tf.cond(cond, lambda: (b, a), lambda: (a, b))
 
 
-# (python function, parameters) -> tf.function; see `_shared_fn`.
+# (python function, parameter keys) -> (parameters, tf.function); see `_shared_fn`.
 _SHARED_FNS: dict = {}
 
 
-def _shared_fn(fn, *params):
-    """`fn(ex, seed, *params)` as a `tf.function` of (ex, seed), one per (fn, params) in the
-    process, shared by every Task whose map calls it.
+def _param_key(param):
+    """A parameter as a dict key: itself when hashable, else its identity (seqio vocabularies
+    define __eq__ without __hash__). `_SHARED_FNS` keeps the parameter alive with its entry,
+    so the id cannot be reused by another object."""
+    try:
+        hash(param)
+    except TypeError:
+        return ("id", id(param))
+    return param
 
-    A mixture of k Tasks builds k copies of each per-example map; with a shared function each
-    copy only traces a call, and the body (conds, truncation, ...) is traced once per input
+
+def _shared_fn(fn, *params):
+    """`fn(*args, *params)` as a `tf.function` of `args`, one per (fn, params) in the process,
+    shared by every Task whose map calls it.
+
+    A mixture of k Tasks builds k copies of each map; with a shared function each copy only
+    traces a call, and the body (tokenizer, conds, truncation, ...) is traced once per input
     signature instead of k times. The ops, and so the examples, are unchanged.
     """
-    key = (fn, params)
-    shared = _SHARED_FNS.get(key)
-    if shared is None:
-        shared = _SHARED_FNS[key] = tf.function(
-            lambda ex, seed: fn(ex, seed, *params), autograph=False)
-    return shared
+    key = (fn,) + tuple(_param_key(p) for p in params)
+    hit = _SHARED_FNS.get(key)
+    if hit is None:
+        hit = _SHARED_FNS[key] = (
+            params, tf.function(lambda *args: fn(*args, *params), autograph=False))
+    return hit[1]
 
 
 @seqio.map_over_dataset(num_seeds=1)
