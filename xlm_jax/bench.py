@@ -71,7 +71,6 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
     model_cfg, bs, sl = result.model, result.batch_size, result.seq_len
     step_s = statistics.median(result.step_seconds[1:])
     tok_s = result.tokens_per_step / step_s
-    peak = flops_lib.peak_flops_per_device()
     mfu = flops_lib.mfu(result.flops_per_token * tok_s)
     dev = jax.devices()[0]
     pad_note = (f" (table padded to {model_cfg.padded_vocab_size})"
@@ -83,7 +82,7 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
           f"global batch {bs} x {sl} per objective")
     print(f"xlm_jax  : step {step_s * 1000:9.1f} ms  tokens/s {tok_s:10.1f}  "
           f"model TFLOP/s {result.flops_per_token * tok_s / 1e12:7.3f}  "
-          f"MFU {'n/a (no peak known for this device)' if peak is None else f'{mfu:.1%}'}"
+          f"MFU {'n/a (no peak known for this device)' if mfu is None else f'{mfu:.1%}'}"
           f"  (median of {len(result.step_seconds) - 1} steps, compile excluded)")
     if with_torch:
         # Same total tokens per step as our objectives' batches together.

@@ -36,8 +36,9 @@ def peak_flops_per_device(device: jax.Device | None = None) -> float | None:
     return None
 
 
-def mfu(model_flops_per_sec: float, num_devices: int | None = None) -> float:
+def mfu(model_flops_per_sec: float, num_devices: int | None = None) -> float | None:
+    """Model FLOPs utilisation in [0, 1], or None where the device's peak is unknown (CPUs)."""
     peak = peak_flops_per_device()
     if peak is None:
-        return 0.0
+        return None
     return model_flops_per_sec / (peak * (num_devices or jax.device_count()))

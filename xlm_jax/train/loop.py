@@ -206,7 +206,6 @@ def train(model_dir: str,
         progress = metrics_lib.Progress(train_steps, stream=stream, log_every=log_every,
                                         is_primary=is_primary, start_step=start)
         flops_per_token = flops_lib.train_flops_per_token(model, seq_len)
-        peak_known = flops_lib.peak_flops_per_device() is not None
         rng = jax.random.PRNGKey(seed + 1)
         losses: list[float] = []
         step_seconds: list[float] = []
@@ -238,8 +237,9 @@ def train(model_dir: str,
                 last = {k: float(v) for k, v in metrics.items()}
                 last["tokens_per_sec"] = window_tokens / elapsed
                 last["model_tflops_per_sec"] = flops_per_token * last["tokens_per_sec"] / 1e12
-                if peak_known:  # MFU needs the device's peak; CPUs and unknown chips have none
-                    last["mfu"] = flops_lib.mfu(flops_per_token * last["tokens_per_sec"])
+                mfu = flops_lib.mfu(flops_per_token * last["tokens_per_sec"])
+                if mfu is not None:  # CPUs and unknown chips have no peak: no MFU
+                    last["mfu"] = mfu
                 writer.write_scalars(done, last, prefix="train")
                 progress.update(done, last)
                 window_tokens, window_start = 0, time.perf_counter()
