@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from xlm_jax.models.common import ACTIVATION, ACTIVATION_VOCAB, constrain
 from xlm_jax.models.common import gelu as _gelu
 from xlm_jax.models.common import layer_norm as _layer_norm
 from xlm_jax.models.common import normal_init as _init
@@ -18,8 +19,6 @@ from xlm_jax.models.config import ModelConfig
 Array = jax.Array
 POOLING = ("cls", "mean")
 
-
-ACTIVATION = ("activation_batch", "activation_length", "activation_embed")
 PADDED_LOGIT = -1e9  # logit of the vocabulary-padding ids: softmax weight exactly 0 in float32
 
 
@@ -42,7 +41,7 @@ class MLMHead(nn.Module):
         # Pin the projection's output to the standard activation layout. Left to XLA's
         # propagation, with `embed_proj` on `tensor` the SPMD partitioner (jax 0.10.2, CPU)
         # produced wrong gradients (docs/experiments/spmd_grad_repro.py).
-        x = nn.with_logical_constraint(x, ACTIVATION)
+        x = constrain(x, ACTIVATION)
         x = _layer_norm(cfg, "LayerNorm")(_gelu(x))
         logits = word_embeddings.attend(x.astype(cfg.compute_dtype))
         bias = self.param("bias", _zeros(("vocab",)), (cfg.padded_vocab_size,), cfg.params_dtype)
@@ -50,8 +49,7 @@ class MLMHead(nn.Module):
         if cfg.padded_vocab_size > cfg.vocab_size:
             ids = jnp.arange(cfg.padded_vocab_size)
             logits = jnp.where(ids < cfg.vocab_size, logits, PADDED_LOGIT)
-        return nn.with_logical_constraint(
-            logits, ("activation_batch", "activation_length", "activation_vocab"))
+        return constrain(logits, ACTIVATION_VOCAB)
 
 
 class RTDHead(nn.Module):
@@ -65,7 +63,7 @@ class RTDHead(nn.Module):
         x = nn.Dense(cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
                      kernel_init=_init(cfg, ("embed", "embed_proj")),
                      bias_init=_zeros(("embed_proj",)), name="dense")(x)
-        x = nn.with_logical_constraint(x, ACTIVATION)  # as in MLMHead
+        x = constrain(x, ACTIVATION)  # as in MLMHead
         x = nn.Dense(1, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
                      kernel_init=_init(cfg, ("embed_proj", "scalar")),
                      bias_init=_zeros(("scalar",)), name="out")(_gelu(x))

@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from xlm_jax.models import attention as attention_lib
-from xlm_jax.models.common import gelu, layer_norm
+from xlm_jax.models.common import ACTIVATION, ACTIVATION_HEADS, ACTIVATION_MLP
+from xlm_jax.models.common import constrain, gelu, layer_norm
 from xlm_jax.models.common import normal_init as _init
 from xlm_jax.models.common import zeros_init as _zeros
 from xlm_jax.models import heads as heads_lib
@@ -31,11 +32,6 @@ from xlm_jax.models import position as position_lib
 from xlm_jax.models.config import ModelConfig
 
 Array = jax.Array
-
-
-def constrain(x: Array, names: tuple[str, ...]) -> Array:
-    """Activation sharding constraint by logical names (a no-op outside a mesh/rules context)."""
-    return nn.with_logical_constraint(x, names)
 
 
 @flax.struct.dataclass
@@ -99,7 +95,7 @@ class Embeddings(nn.Module):
             x = x + self.lang_embeddings(lang_ids)
         x = self.LayerNorm(x)
         x = self.dropout(x, deterministic=deterministic)
-        return constrain(x, ("activation_batch", "activation_length", "activation_embed"))
+        return constrain(x, ACTIVATION)
 
 
 class Projection(nn.Module):
@@ -147,8 +143,7 @@ class MultiHeadAttention(nn.Module):
         q = proj(name="query")(x)
         k = proj(name="key")(kv_input)
         v = proj(name="value")(kv_input)
-        names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
-        q, k, v = (constrain(t, names) for t in (q, k, v))
+        q, k, v = (constrain(t, ACTIVATION_HEADS) for t in (q, k, v))
         bias = None
         if self.gated_bias:
             if relative_table is None:
@@ -164,7 +159,7 @@ class MultiHeadAttention(nn.Module):
             deterministic=deterministic)
         out = Projection(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), ("embed",),
                          contract=2, name="out")(out)
-        return constrain(out, ("activation_batch", "activation_length", "activation_embed"))
+        return constrain(out, ACTIVATION)
 
 
 class MlpBlock(nn.Module):
@@ -178,7 +173,7 @@ class MlpBlock(nn.Module):
         dense = functools.partial(nn.Dense, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype)
         h = dense(cfg.mlp_dim, kernel_init=_init(cfg, ("embed", "mlp")),
                   bias_init=_zeros(("mlp",)), name="intermediate")(x)
-        h = constrain(gelu(h), ("activation_batch", "activation_length", "activation_mlp"))
+        h = constrain(gelu(h), ACTIVATION_MLP)
         return dense(cfg.hidden_size, kernel_init=_init(cfg, ("mlp", "embed")),
                      bias_init=_zeros(("embed",)), name="output")(h)
 
