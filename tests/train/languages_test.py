@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from xlm_jax.objectives.mlm import MaskedLM
-from xlm_jax.train import checkpoints, data as data_lib, loop, optim
+from tiny_run import mlm_objectives, train_tiny
+from xlm_jax.train import data as data_lib, optim
 
 pytest.importorskip("seqio")
 
@@ -24,15 +24,11 @@ def _register(name, language_list):
 
 
 def _train(model_dir, task, num_languages):
-    return loop.train(
-        str(model_dir), model=loop.model_config("tiny", {**SMALL, "num_languages": num_languages}),
-        objectives={"mmlm": loop.ObjectiveSpec(
-            factory=lambda model, name: MaskedLM(model, name=name, stream="mono",
-                                                 max_predictions=4), task=task)},
-        train_steps=1, batch_size=2, seq_len=32, num_devices=1,
+    return train_tiny(
+        model_dir, 1, model={**SMALL, "num_languages": num_languages},
+        objectives=mlm_objectives(pair=False, max_predictions=4, mono_task=task), batch=2,
         optimizer=optim.OptimizerConfig(learning_rate=1e-3, warmup_steps=1, total_steps=1),
-        checkpoint=checkpoints.CheckpointConfig(async_save=False),
-        spm_model=os.path.join(DEMO, "spm.model"), log_every=1, stream=open(os.devnull, "w"))
+        spm_model=os.path.join(DEMO, "spm.model"))
 
 
 def test_language_list_of_tasks():

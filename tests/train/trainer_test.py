@@ -8,33 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tiny_run import mlm_objectives as _objectives
+from tiny_run import train_tiny as _train
 from xlm_jax.objectives.mlm import MaskedLM
-from xlm_jax.train import checkpoints, loop, optim, partitioning
-
-SMALL = {"vocab_size": 256, "num_layers": 2, "hidden_size": 32, "num_heads": 4, "mlp_dim": 64,
-         "max_positions": 66, "dropout_rate": 0.0, "attention_dropout_rate": 0.0}
-
-
-def _objectives(factory=MaskedLM):
-    return {
-        "mmlm": loop.ObjectiveSpec(factory=lambda model, name: factory(
-            model, name=name, stream="mono", max_predictions=6), task="synthetic:mono"),
-        "tlm": loop.ObjectiveSpec(factory=lambda model, name: MaskedLM(
-            model, name=name, stream="pair", max_predictions=6), task="synthetic:pair"),
-    }
-
-
-def _train(model_dir, steps, mesh=None, num_devices=1, accum=1, batch=8, save_every=1000,
-           objectives=None, **kw):
-    return loop.train(
-        str(model_dir), model=loop.model_config("tiny", SMALL),
-        objectives=objectives or _objectives(), train_steps=steps, batch_size=batch, seq_len=32,
-        accum_steps=accum,
-        optimizer=optim.OptimizerConfig(learning_rate=3e-3, warmup_steps=2, total_steps=20),
-        mesh=mesh or partitioning.MeshConfig(data=-1), num_devices=num_devices,
-        checkpoint=checkpoints.CheckpointConfig(save_every_steps=save_every, keep=5,
-                                                async_save=False),
-        log_every=1, stream=open(os.devnull, "w"), **kw)
+from xlm_jax.train import loop, partitioning
 
 
 def _final_params(model_dir):

@@ -6,24 +6,16 @@ import os
 import numpy as np
 import pytest
 
+from tiny_run import TINY_MODEL, mlm_objectives, train_tiny
 from xlm_jax.convert import hf
-from xlm_jax.objectives.mlm import MaskedLM
-from xlm_jax.train import checkpoints, loop, optim, partitioning
+from xlm_jax.train import partitioning
 
-SMALL = {"vocab_size": 250, "num_layers": 2, "hidden_size": 32, "num_heads": 4, "mlp_dim": 64,
-         "max_positions": 66, "dropout_rate": 0.0, "attention_dropout_rate": 0.0}
+SMALL = {"vocab_size": 250}  # 250 = 2 x 5^3: no tensor axis of 4 divides it
 
 
-def _train(model_dir, steps, overrides=None, mesh=None, num_devices=1, **kw):
-    return loop.train(
-        str(model_dir), model=loop.model_config("tiny", {**SMALL, **(overrides or {})}),
-        objectives={"mmlm": loop.ObjectiveSpec(factory=lambda model, name: MaskedLM(
-            model, name=name, stream="mono", max_predictions=6), task="synthetic:mono")},
-        train_steps=steps, batch_size=8, seq_len=32,
-        optimizer=optim.OptimizerConfig(learning_rate=3e-3, warmup_steps=2, total_steps=20),
-        mesh=mesh or partitioning.MeshConfig(data=-1), num_devices=num_devices,
-        checkpoint=checkpoints.CheckpointConfig(save_every_steps=1000, keep=5, async_save=False),
-        log_every=1, stream=open(os.devnull, "w"), **kw)
+def _train(model_dir, steps, overrides=None, **kw):
+    return train_tiny(model_dir, steps, model={**SMALL, **(overrides or {})},
+                      objectives=mlm_objectives(pair=False), **kw)
 
 
 def test_indivisible_vocabulary_is_named_before_compiling(tmp_path):
@@ -87,7 +79,7 @@ def test_other_indivisible_dimensions_name_their_rule():
     from xlm_jax.models.config import get_config
     from xlm_jax.models.transformer import Transformer
 
-    cfg = get_config("tiny", **{**SMALL, "vocab_size": 256, "mlp_dim": 66})
+    cfg = get_config("tiny", **{**TINY_MODEL, "mlp_dim": 66})
     model = Transformer(cfg)
     boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), np.zeros((2, 8), np.int32)))
     mesh = partitioning.make_mesh(partitioning.MeshConfig(data=2, tensor=4))

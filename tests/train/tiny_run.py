@@ -1,0 +1,47 @@
+"""Shared by the trainer tests: a few steps of a tiny model through the real `loop.train`.
+
+Each test file used to carry its own variant of this call; the defaults here are the ones the
+sharding, accumulation and resume tests compare against (fp32, no dropout, synchronous saves).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from xlm_jax.objectives.mlm import MaskedLM
+from xlm_jax.train import checkpoints, loop, optim, partitioning
+
+TINY_MODEL = {"vocab_size": 256, "num_layers": 2, "hidden_size": 32, "num_heads": 4,
+              "mlp_dim": 64, "max_positions": 66, "dropout_rate": 0.0,
+              "attention_dropout_rate": 0.0}
+
+
+def mlm_objectives(mono_factory: Callable[..., Any] = MaskedLM, pair: bool = True,
+                   max_predictions: int = 6, mono_task: str = "synthetic:mono"
+                   ) -> dict[str, loop.ObjectiveSpec]:
+    """MMLM on `mono_task` (built by `mono_factory`) and, with `pair`, TLM on synthetic pairs."""
+    specs = {"mmlm": loop.ObjectiveSpec(factory=lambda model, name: mono_factory(
+        model, name=name, stream="mono", max_predictions=max_predictions), task=mono_task)}
+    if pair:
+        specs["tlm"] = loop.ObjectiveSpec(factory=lambda model, name: MaskedLM(
+            model, name=name, stream="pair", max_predictions=max_predictions),
+            task="synthetic:pair")
+    return specs
+
+
+def train_tiny(model_dir: Any, steps: int, *, model: dict | None = None,
+               objectives: dict | None = None, batch: int = 8, accum: int = 1,
+               mesh: partitioning.MeshConfig | None = None, num_devices: int = 1,
+               save_every: int = 1000, optimizer: optim.OptimizerConfig | None = None,
+               **kw: Any) -> loop.TrainResult:
+    """`loop.train` of TINY_MODEL (updated by `model`) for `steps` steps at seq_len 32."""
+    return loop.train(
+        str(model_dir), model=loop.model_config("tiny", {**TINY_MODEL, **(model or {})}),
+        objectives=objectives or mlm_objectives(), train_steps=steps, batch_size=batch,
+        seq_len=32, accum_steps=accum,
+        optimizer=optimizer or optim.OptimizerConfig(learning_rate=3e-3, warmup_steps=2,
+                                                     total_steps=20),
+        mesh=mesh or partitioning.MeshConfig(data=-1), num_devices=num_devices,
+        checkpoint=checkpoints.CheckpointConfig(save_every_steps=save_every, keep=5,
+                                                async_save=False),
+        log_every=1, stream=open(os.devnull, "w"), **kw)
