@@ -28,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tatoeba_dir", default=os.path.join(REPO_ROOT, "tasks", "demo_data", "tatoeba"))
     args = p.parse_args(argv)
     os.chdir(REPO_ROOT)  # gin files name the demo data relative to the repository
+    # TensorFlow (the input pipeline only) logs C++ INFO/WARNING lines that say nothing about
+    # the demo: CUDA probing on CPU machines, and one "did not fully read the dataset being
+    # cached" per small task when training stops mid-epoch (seqio caches small tasks in
+    # memory). Set before TF is imported; an explicit TF_CPP_MIN_LOG_LEVEL wins.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     from xlm_jax.encoder import load_encoder
     from xlm_jax.evaluation import report, retrieval

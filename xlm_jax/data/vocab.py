@@ -20,6 +20,7 @@ with 0, which is `<s>` in this layout; converters must write pad id 1 where the 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
@@ -245,6 +246,16 @@ class XLMRTokenizer:
 _SEQIO_CLASS: Any = None
 
 
+class _NoT5PadWarning(logging.Filter):
+    """Drops seqio's "T5 library uses PAD_ID=0, which is different from the sentencepiece
+    vocabulary, which defines pad_id=-1" warning. XLM-R's SentencePiece model has no pad piece
+    by design (`<pad>`=1 is added outside it, see the layout above), so the warning, printed
+    at every run, would only mislead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("T5 library uses PAD_ID")
+
+
 def _seqio_class() -> type:
     """Builds (once) the seqio.SentencePieceVocabulary subclass with the fairseq layout."""
     global _SEQIO_CLASS
@@ -252,6 +263,8 @@ def _seqio_class() -> type:
         return _SEQIO_CLASS
     import seqio  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    logging.getLogger("absl").addFilter(_NoT5PadWarning())  # seqio logs through absl
 
     class XLMRSentencePieceVocabulary(seqio.SentencePieceVocabulary):
         """seqio SentencePieceVocabulary with XLM-R/fairseq ids in python and TF paths.
