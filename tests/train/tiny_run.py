@@ -33,8 +33,9 @@ def train_tiny(model_dir: Any, steps: int, *, model: dict | None = None,
                objectives: dict | None = None, batch: int = 8, accum: int = 1,
                mesh: partitioning.MeshConfig | None = None, num_devices: int = 1,
                save_every: int = 1000, optimizer: optim.OptimizerConfig | None = None,
-               **kw: Any) -> loop.TrainResult:
-    """`loop.train` of TINY_MODEL (updated by `model`) for `steps` steps at seq_len 32."""
+               stream: Any = None, **kw: Any) -> loop.TrainResult:
+    """`loop.train` of TINY_MODEL (updated by `model`) for `steps` steps at seq_len 32; the
+    progress lines go to `stream` (default: nowhere)."""
     return loop.train(
         str(model_dir), model=loop.model_config("tiny", {**TINY_MODEL, **(model or {})}),
         objectives=objectives or mlm_objectives(), train_steps=steps, batch_size=batch,
@@ -44,4 +45,4 @@ def train_tiny(model_dir: Any, steps: int, *, model: dict | None = None,
         mesh=mesh or partitioning.MeshConfig(data=-1), num_devices=num_devices,
         checkpoint=checkpoints.CheckpointConfig(save_every_steps=save_every, keep=5,
                                                 async_save=False),
-        log_every=1, stream=open(os.devnull, "w"), **kw)
+        log_every=1, stream=stream or open(os.devnull, "w"), **kw)

@@ -113,3 +113,31 @@ def test_periodic_eval_writes_eval_metrics(tmp_path):
         assert 4.0 < r["mmlm/loss"] < 7.0 and 0.0 <= r["mmlm/accuracy"] <= 1.0
         assert "tlm/loss" not in r
     assert evals[0]["mmlm/loss"] != evals[1]["mmlm/loss"]  # the parameters changed
+
+
+def test_data_resume_replay_is_exact_and_reseed_is_a_deterministic_new_draw(tmp_path):
+    import shutil
+
+    straight = _train(tmp_path / "straight", 6)
+    _train(tmp_path / "replay", 3)  # final save at step 3
+    for name in ("reseed_a", "reseed_b"):
+        shutil.copytree(tmp_path / "replay", tmp_path / name)
+    replay = _train(tmp_path / "replay", 6)  # data_resume="replay" is the default
+    a = _train(tmp_path / "reseed_a", 6, data_resume="reseed")
+    b = _train(tmp_path / "reseed_b", 6, data_resume="reseed")
+    assert replay.losses == straight.losses[3:]
+    assert a.losses == b.losses  # the same checkpoint resumes to the same batches
+    # other batches than the uninterrupted run's (the model and the rng are the same)
+    assert all(abs(x - y) > 1e-4 for x, y in zip(a.losses, straight.losses[3:]))
+    from xlm_jax.train import data as data_lib
+
+    assert data_lib.resume_plan(7, 0, "reseed") == (7, 0)  # fresh runs ignore the mode
+    assert data_lib.resume_plan(7, 3, "replay") == (7, 3)
+    assert data_lib.resume_plan(7, 3, "reseed") != data_lib.resume_plan(7, 4, "reseed")
+
+
+def test_unknown_data_resume_mode_fails_before_anything_is_written(tmp_path):
+    with pytest.raises(ValueError, match=r"data_resume='resume' is not one of \('replay', "
+                                         r"'reseed'\)"):
+        _train(tmp_path / "run", 2, data_resume="resume")
+    assert not os.path.exists(tmp_path / "run")

@@ -2,7 +2,9 @@
 
 A stream yields this process's rows of each global batch as numpy int32 arrays. Its position is
 the step number: a restored run rebuilds the stream with `start_step=step` and gets exactly the
-batches the uninterrupted run would have seen (the step is saved with every checkpoint).
+batches the uninterrupted run would have seen (the step is saved with every checkpoint). That
+"replay" costs the input-pipeline time of `step` batches; `resume_plan(..., "reseed")` trades
+exactness for an O(1) restart (see there).
 
 - `synthetic:KIND` (KIND = mono|pair|veco|mixup): the global batch is a function of
   (seed, step) only and each process takes its rows, so any process/device layout sees the same
@@ -19,6 +21,31 @@ import jax
 import numpy as np
 
 SYNTHETIC = "synthetic:"
+DATA_RESUME_MODES = ("replay", "reseed")
+
+
+def resume_plan(seed: int, start_step: int, mode: str) -> tuple[int, int]:
+    """`(seed, start_step)` to build a stream with when a run resumes at step `start_step`.
+
+    - "replay" (the default): the run's own seed, skipping `start_step` batches, so the
+      resumed run sees exactly the batches of the uninterrupted one. seqio pipelines cannot
+      jump (their `from_generator` sources cannot be checkpointed), so this costs the input
+      pipeline's time for `start_step` batches: minutes per 10k steps, hours for a pod run
+      preempted late.
+    - "reseed": a new seed derived from `(seed, start_step)` and no skipping: the restart is
+      immediate and still deterministic (the same checkpoint resumes to the same batches), but
+      the data after it are a fresh draw of the mixture, so some examples of the uninterrupted
+      run are never seen and others are seen twice. t5x without dataset checkpointing and
+      maxtext's tf.data input make the same trade.
+
+    At `start_step == 0` both modes give `(seed, 0)`, so fresh runs do not depend on the mode.
+    """
+    if mode not in DATA_RESUME_MODES:
+        raise ValueError(f"data_resume={mode!r} is not one of {DATA_RESUME_MODES}")
+    if mode == "replay" or start_step == 0:
+        return seed, start_step
+    derived = np.random.SeedSequence([seed % 2**32, start_step]).generate_state(1)[0]
+    return int(derived & 0x7FFFFFFF), 0
 
 
 def import_modules(modules: Sequence[str]) -> None:

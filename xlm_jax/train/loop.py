@@ -125,6 +125,7 @@ def train(model_dir: str,
           eval_every: int = 0,
           eval_batches: int = 4,
           seed: int = 0,
+          data_resume: str = "replay",
           task_modules: Sequence[str] = (),
           init_from: str | None = None,
           spm_model: str | None = None,
@@ -132,7 +133,13 @@ def train(model_dir: str,
           save_initial: bool = False,
           force_synthetic: bool = False,
           stream=sys.stdout) -> TrainResult:
-    """Trains the objective mixture; resumes from the latest checkpoint in `model_dir`."""
+    """Trains the objective mixture; resumes from the latest checkpoint in `model_dir`.
+
+    `data_resume` says how the input streams continue after a restart: "replay" (exact, costs
+    the pipeline time of the skipped batches) or "reseed" (immediate, a fresh draw); see
+    `xlm_jax.train.data.resume_plan`.
+    """
+    data_lib.resume_plan(seed, 0, data_resume)  # a bad mode fails before anything is built
     ckpt = ckpt_lib.Checkpointer(model_dir, checkpoint)  # fails now if model_dir is unwritable
     device_mesh = partitioning.make_mesh(mesh, jax.devices()[:num_devices] if num_devices else None)
     dp = partitioning.data_parallel_size(device_mesh)
@@ -189,12 +196,25 @@ def train(model_dir: str,
             state = flax.serialization.from_state_dict(target, restored)
             start = int(extra["step"])
             print(f"resumed from {model_dir} step {start}", file=stream, flush=True)
+            reads_seqio = not force_synthetic and any(
+                not spec.task.startswith(data_lib.SYNTHETIC) for spec in objectives.values())
+            if reads_seqio and data_resume == "replay" and start:
+                print(f"replaying {start} batches of each input stream for the exact data order "
+                      "(loop.train.data_resume = 'reseed' restarts the data at once instead)",
+                      file=stream, flush=True)
+            saved_processes = extra.get("process_count", jax.process_count())
+            if saved_processes != jax.process_count() and reads_seqio:
+                print(f"note: saved with {saved_processes} processes, resumed with "
+                      f"{jax.process_count()}: each process now reads another shard of the "
+                      "data, so the data order differs from the uninterrupted run",
+                      file=stream, flush=True)
 
         tasks = {name: (f"{data_lib.SYNTHETIC}{o.objective.stream}" if force_synthetic else spec.task)
                  for o, (name, spec) in zip(objs, objectives.items())}
-        streams = {name: data_lib.make_stream(tasks[name], batch_size, seq_len, seed + 1000 * i,
-                                              start, model.vocab_size,
-                                              num_languages=max(model.num_languages, 2))
+        streams = {name: data_lib.make_stream(
+                       tasks[name], batch_size, seq_len,
+                       *data_lib.resume_plan(seed + 1000 * i, start, data_resume),
+                       model.vocab_size, num_languages=max(model.num_languages, 2))
                    for i, (name, spec) in enumerate(objectives.items())}
         step_fn = jax.jit(
             trainer_lib.make_train_step(objs, tx, schedule, accum_steps),
@@ -249,6 +269,8 @@ def train(model_dir: str,
             if save_checkpoints and (ckpt.should_save(done) or done == train_steps):
                 ckpt.save(done, flax.serialization.to_state_dict(state),
                           extra={"step": done, "data_position": done,
+                                 "data_resume": data_resume,
+                                 "process_count": jax.process_count(),
                                  "tasks": {n: s.task for n, s in objectives.items()}},
                           force=done == train_steps)
             if done == 1 and is_primary:
