@@ -129,3 +129,31 @@ def test_encode_cli_writes_the_embed_vectors(tmp_path):
     # bad input: missing file -> one-line error, exit code 2
     assert encode_main(["--model", str(model_dir), "--input", str(tmp_path / "nope.txt"),
                         "--out", str(out)]) == 2
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits():
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    small = dict(vocab_size=96, num_layers=2, hidden_size=32, num_heads=4, mlp_dim=64,
+                 max_positions=40, dropout_rate=0.0, attention_dropout_rate=0.0)
+    ids = np.random.default_rng(0).integers(4, 96, (2, 10)).astype(np.int32)
+    ids[:, 0], ids[:, -1] = 0, 2
+    pos = np.tile(np.arange(3), (2, 1)).astype(np.int32)
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        model = Transformer(get_config("tiny", **small, dtype=dtype))
+        params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), ids))["params"]
+        assert {str(v.dtype) for v in jax.tree_util.tree_leaves(params)} == {"float32"}
+
+        def run(p):
+            h = model.apply({"params": p}, ids, method=Transformer.encode).last_hidden_state
+            return h, model.apply({"params": p}, h, pos, method=Transformer.mlm_logits)
+        out[dtype] = run(params)
+    (h32, l32), (h16, l16) = out["float32"], out["bfloat16"]
+    assert h32.dtype == jnp.float32 and h16.dtype == jnp.bfloat16  # activations in bf16
+    assert l32.dtype == l16.dtype == jnp.float32  # the loss side stays in float32
+    # same parameters (same init), so bf16 only rounds: ~3 significant digits per op
+    np.testing.assert_allclose(np.asarray(h16, np.float32), np.asarray(h32), atol=0.1, rtol=0)
+    np.testing.assert_allclose(np.asarray(l16), np.asarray(l32), atol=0.05, rtol=0)
+    assert float(jnp.max(jnp.abs(h16.astype(jnp.float32) - h32))) > 0  # really computed in bf16

@@ -1,4 +1,7 @@
-"""Logical axes on every parameter; an 8-device (data=2, fsdp=2, tensor=2) forward equals 1 device."""
+"""Logical axes on every parameter; an 8-device (data=2, fsdp=2, tensor=2) forward equals 1 device;
+activation constraints take effect; FSDP does not replicate activations in the embeddings' backward."""
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -6,7 +9,7 @@ import numpy as np
 import pytest
 
 from xlm_jax.models.config import get_config
-from xlm_jax.models.transformer import Transformer
+from xlm_jax.models.transformer import Embeddings, Transformer
 from xlm_jax.train import partitioning
 
 FULL = dict(vocab_size=96, num_layers=2, hidden_size=32, num_heads=4, mlp_dim=64,
@@ -103,6 +106,45 @@ def test_activation_constraints_take_effect_in_the_trainer_context():
     assert legacy == 0
     # embeddings + per layer: q, k, v, attention output, FFN intermediate, layer output
     assert active >= 1 + cfg.num_layers * 5, active
+
+
+def _all_gathered_shapes(hlo: str) -> list[str]:
+    """Result shapes of the all-gathers in a compiled (partitioned) HLO text, e.g. 'f32[96,32]'."""
+    return re.findall(r"(\w+\[[\d,]*\])(?:\{[\d,]*\})? all-gather\(", hlo)
+
+
+@pytest.mark.parametrize("lookup", ["ours", "plain"])
+def test_fsdp_embedding_gradient_does_not_replicate_activations(monkeypatch, lookup):
+    """With `embed` on fsdp, a plain `table(ids)` lookup let XLA keep the lookup in the table's
+    layout, and the gradient (a scatter-add into the table) all-gathered the whole global
+    [B, T, D] activation gradient onto every device. `Embeddings._lookup` gathers the [V, D]
+    table instead, as FSDP does for every weight. "plain" shows that the check can fail."""
+    if lookup == "plain":
+        monkeypatch.setattr(Embeddings, "_lookup", lambda self, table, rows, ids: table(ids))
+    cfg = get_config("tiny", **{**FULL, "num_layers": 1})
+    model = Transformer(cfg)
+    ids = _batch()["input_ids"]  # [8, 12]
+    boxed = model.init(jax.random.PRNGKey(1), ids)["params"]
+    mesh = partitioning.make_mesh({"data": 2, "fsdp": 4}, jax.devices()[:8])
+    rules = partitioning.standard_logical_axis_rules()
+    shardings = partitioning.logical_shardings(boxed, mesh, rules)
+    params = nn.meta.unbox(boxed)  # outside the mesh context: unboxing there constrains
+
+    def loss(p, x):
+        return jnp.sum(model.apply({"params": p}, x, method=Transformer.encode)
+                       .last_hidden_state ** 2)
+
+    with partitioning.activate(mesh, rules):
+        hlo = jax.jit(jax.grad(loss), in_shardings=(shardings, partitioning.batch_sharding(mesh)),
+                      out_shardings=shardings).lower(params, ids).compile().as_text()
+    gathered = _all_gathered_shapes(hlo)
+    assert gathered, "no all-gather found: the HLO text format changed"
+    global_activation = "f32[8,12,32]"
+    if lookup == "ours":
+        assert global_activation not in gathered, gathered
+        assert "f32[96,32]" in gathered, gathered  # the word-embedding table, gathered once
+    else:
+        assert global_activation in gathered, gathered
 
 
 def test_mesh_errors():

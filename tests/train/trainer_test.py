@@ -141,3 +141,13 @@ def test_unknown_data_resume_mode_fails_before_anything_is_written(tmp_path):
                                          r"'reseed'\)"):
         _train(tmp_path / "run", 2, data_resume="resume")
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_bfloat16_compute_on_eight_devices_tracks_float32(tmp_path):
+    fp32 = _train(tmp_path / "fp32", 5)
+    bf16 = _train(tmp_path / "bf16", 5, model={"dtype": "bfloat16"},
+                  mesh=partitioning.MeshConfig(data=2, fsdp=2, tensor=2), num_devices=8)
+    np.testing.assert_allclose(bf16.losses, fp32.losses, atol=1e-2, rtol=0)
+    assert bf16.losses != fp32.losses  # the activations really were bf16
+    params = _final_params(tmp_path / "bf16")
+    assert {str(v.dtype) for v in jax.tree_util.tree_leaves(params)} == {"float32"}

@@ -78,21 +78,39 @@ class Embeddings(nn.Module):
         self.LayerNorm = layer_norm(cfg, "LayerNorm")
         self.dropout = nn.Dropout(cfg.dropout_rate)
 
+    def _lookup(self, table: nn.Embed, rows: str, ids: Array) -> Array:
+        """`table(ids)` (what `nn.Embed.__call__` computes) with the table's `embed` shards
+        gathered first and the result in the activation layout.
+
+        With `embed` on fsdp, XLA otherwise kept the lookup in the table's layout, and the
+        gradient, a scatter-add of the [B, T, D] cotangent into the table, could only be
+        re-sharded by replicating that cotangent in full on every device ("involuntary full
+        rematerialization": the global activation gradient per device). Gathering the weight
+        before use and reduce-scattering its gradient is what FSDP does for every weight.
+        """
+        emb = constrain(jnp.asarray(table.embedding, self.config.compute_dtype), (rows, None))
+        if table.num_embeddings == 1:
+            out = jnp.broadcast_to(emb, ids.shape + (emb.shape[-1],))
+        else:
+            out = jnp.take(emb, ids, axis=0)
+        return constrain(out, ACTIVATION)
+
     def __call__(self, input_ids: Array, positions: Array, valid: Array,
                  token_type_ids: Array | None, lang_ids: Array | None,
                  deterministic: bool) -> Array:
         cfg = self.config
-        x = self.word_embeddings(input_ids)
+        x = self._lookup(self.word_embeddings, "vocab", input_ids)
         if cfg.position_type in ("absolute", "both"):
-            x = x + self.position_embeddings(fairseq_position_ids(positions, valid, cfg.pad_id))
+            x = x + self._lookup(self.position_embeddings, "abspos",
+                                 fairseq_position_ids(positions, valid, cfg.pad_id))
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
-        x = x + self.token_type_embeddings(token_type_ids)
+        x = x + self._lookup(self.token_type_embeddings, "token_type", token_type_ids)
         if cfg.num_languages:
             if lang_ids is None:
                 raise ValueError("this model has language embeddings (num_languages="
                                  f"{cfg.num_languages}) but no lang_ids were given")
-            x = x + self.lang_embeddings(lang_ids)
+            x = x + self._lookup(self.lang_embeddings, "languages", lang_ids)
         x = self.LayerNorm(x)
         x = self.dropout(x, deterministic=deterministic)
         return constrain(x, ACTIVATION)
