@@ -35,6 +35,8 @@ def test_unknown_size_lists_valid_ones():
     ("dtype", "float8", "float32"),
     ("dropout_rate", 1.5, "[0, 1)"),
     ("num_layers", 0, "positive"),
+    ("num_languages", 1, "row 0 is padding"),
+    ("num_languages", -1, "must be 0"),
 ])
 def test_config_validation(field, value, needle):
     with pytest.raises(ValueError) as e:

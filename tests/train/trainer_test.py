@@ -151,3 +151,23 @@ def test_bfloat16_compute_on_eight_devices_tracks_float32(tmp_path):
     assert bf16.losses != fp32.losses  # the activations really were bf16
     params = _final_params(tmp_path / "bf16")
     assert {str(v.dtype) for v in jax.tree_util.tree_leaves(params)} == {"float32"}
+
+
+def test_language_embedding_model_trains_and_evaluates_on_synthetic_streams(tmp_path):
+    # Synthetic lang_ids used to reach num_languages, one past the table (row 0 = padding):
+    # jnp.take filled that row with NaN and the run stopped at step 1.
+    from xlm_jax.data.synthetic import synthetic_batch
+    from xlm_jax.train import data as data_lib
+
+    n = data_lib.synthetic_language_count(3)
+    lang_ids = synthetic_batch(64, 32, 256, "pair", seed=0, num_languages=n)["lang_ids"]
+    assert set(np.unique(lang_ids)) == {0, 1, 2}  # padding plus the table's two languages
+    objectives = _objectives()
+    objectives["mmlm"] = loop.ObjectiveSpec(
+        factory=objectives["mmlm"].factory, task="synthetic:mono", eval_task="synthetic:mono")
+    result = _train(tmp_path, 3, model={"num_languages": 3}, objectives=objectives,
+                    eval_every=3, eval_batches=1)
+    assert len(result.losses) == 3 and all(np.isfinite(result.losses))
+    (evaluated,) = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")
+                    if json.loads(line)["split"] == "eval"]
+    assert np.isfinite(evaluated["mmlm/loss"])

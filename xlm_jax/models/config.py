@@ -62,8 +62,10 @@ class ModelConfig:
         if self.hidden_size % self.num_heads:
             raise bad("hidden_size", self.hidden_size,
                       f"must be divisible by num_heads={self.num_heads}")
-        if self.num_languages < 0:
-            raise bad("num_languages", self.num_languages, "must be >= 0")
+        if self.num_languages < 0 or self.num_languages == 1:
+            raise bad("num_languages", self.num_languages,
+                      "must be 0 (no language embeddings) or >= 2 (row 0 is padding, then one "
+                      "row per language)")
         if not 0 <= self.pad_id < self.vocab_size:
             raise bad("pad_id", self.pad_id, f"must be in [0, vocab_size={self.vocab_size})")
         if self.position_type in ("absolute", "both") and self.max_positions <= self.pad_id + 1:

@@ -80,6 +80,14 @@ def language_list(tasks: Sequence[str]) -> list[str] | None:
     return list(next(iter(seen))) if seen else None
 
 
+def synthetic_language_count(model_num_languages: int) -> int:
+    """How many language ids (1..n) synthetic streams may draw for a model with a language
+    table of `model_num_languages` rows: row 0 is padding, so n = rows - 1. An id past the
+    table would not fail: `jnp.take` fills out-of-range rows with NaN, and the run stopped at
+    step 1 with a NaN loss. Models without a table (0) ignore `lang_ids`; they get 2."""
+    return model_num_languages - 1 if model_num_languages else 2
+
+
 def make_stream(task: str, global_batch: int, seq_len: int, seed: int, start_step: int,
                 vocab_size: int, process_index: int | None = None,
                 process_count: int | None = None, num_languages: int = 2

@@ -214,7 +214,8 @@ def train(model_dir: str,
         streams = {name: data_lib.make_stream(
                        tasks[name], batch_size, seq_len,
                        *data_lib.resume_plan(seed + 1000 * i, start, data_resume),
-                       model.vocab_size, num_languages=max(model.num_languages, 2))
+                       model.vocab_size,
+                       num_languages=data_lib.synthetic_language_count(model.num_languages))
                    for i, (name, spec) in enumerate(objectives.items())}
         step_fn = jax.jit(
             trainer_lib.make_train_step(objs, tx, schedule, accum_steps),
@@ -298,7 +299,9 @@ def _evaluate(specs, objs, eval_fn, state, mesh, batch_size, seq_len, seed, mode
         return
     sums: dict[str, float] = {}
     for o, task in evaluated:
-        s = data_lib.make_stream(task, batch_size, seq_len, seed + 7, 0, model.vocab_size)
+        s = data_lib.make_stream(
+            task, batch_size, seq_len, seed + 7, 0, model.vocab_size,
+            num_languages=data_lib.synthetic_language_count(model.num_languages))
         for i in range(num_batches):
             m = jax.device_get(eval_fn(state, {o.name: _global_batch(next(s), mesh)},
                                        jax.random.PRNGKey(i)))
