@@ -23,9 +23,9 @@ def _register(name, language_list):
                                          language_list=language_list, shuffle_buffer_size=8)
 
 
-def _train(model_dir, task, num_languages):
+def _train(model_dir, task, num_languages, **model):
     return train_tiny(
-        model_dir, 1, model={**SMALL, "num_languages": num_languages},
+        model_dir, 1, model={**SMALL, "num_languages": num_languages, **model},
         objectives=mlm_objectives(pair=False, max_predictions=4, mono_task=task), batch=2,
         optimizer=optim.OptimizerConfig(learning_rate=1e-3, warmup_steps=1, total_steps=1),
         spm_model=os.path.join(DEMO, "spm.model"))
@@ -58,3 +58,16 @@ def test_too_small_language_table_fails_before_training(tmp_path):
     with pytest.raises(ValueError, match="num_languages=3 is too small .* 3 languages.*>= 4"):
         _train(tmp_path, "lt_d", num_languages=3)
     assert not os.path.exists(tmp_path / "xlm_jax_config.json")
+
+
+def test_vocabulary_larger_than_the_model_fails_before_training(tmp_path):
+    # Before this check the ids past the table became NaN embeddings: "non-finite loss nan at
+    # step 1", naming no cause.
+    _register("lt_e", ["fr", "en"])
+    with pytest.raises(ValueError, match=r"task lt_e_(en|fr) \(in lt_e\) has a vocabulary of 8002 ids "
+                                         r"but the model has vocab_size=256; set the model's "
+                                         r"vocab_size to 8002"):
+        _train(tmp_path, "lt_e", num_languages=0, vocab_size=256)
+    assert not os.path.exists(tmp_path / "xlm_jax_config.json")
+    assert data_lib.vocabulary_size(["synthetic:mono", "lt_e_en"]) == (8002, "lt_e_en")
+

@@ -80,6 +80,30 @@ def language_list(tasks: Sequence[str]) -> list[str] | None:
     return list(next(iter(seen))) if seen else None
 
 
+def vocabulary_size(tasks: Sequence[str]) -> tuple[int, str] | None:
+    """The largest token vocabulary (ids 0..size-1 of the `*input_ids` features) among the
+    seqio tasks/mixtures in `tasks`, with the task that has it; None for synthetic streams.
+
+    The trainer compares it with the model's `vocab_size` before compiling: an id past the
+    embedding table does not fail in JAX (`jnp.take` fills the row with NaN), it shows up as a
+    NaN loss at step 1 that names no cause.
+    """
+    best: tuple[int, str] | None = None
+    for task in tasks:
+        if task.startswith(SYNTHETIC):
+            continue
+        from xlm_jax.data import registry
+
+        provider = registry.get_provider(task)
+        for member in getattr(provider, "tasks", [provider]):
+            for key, feature in member.output_features.items():
+                if key.endswith("input_ids") and (best is None
+                                                  or feature.vocabulary.vocab_size > best[0]):
+                    where = member.name if member is provider else f"{member.name} (in {task})"
+                    best = (feature.vocabulary.vocab_size, where)
+    return best
+
+
 def synthetic_language_count(model_num_languages: int) -> int:
     """How many language ids (1..n) synthetic streams may draw for a model with a language
     table of `model_num_languages` rows: row 0 is padding, so n = rows - 1. An id past the

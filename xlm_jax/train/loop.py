@@ -159,6 +159,14 @@ def train(model_dir: str,
                          f"tasks' language list of {len(languages)} languages (lang_ids go up "
                          f"to {len(languages)}; set num_languages >= {len(languages) + 1})")
 
+    vocab = None if force_synthetic else data_lib.vocabulary_size(
+        [spec.task for spec in objectives.values()])
+    if vocab and vocab[0] > model.vocab_size:
+        raise ValueError(f"task {vocab[1]} has a vocabulary of {vocab[0]} ids but the model has "
+                         f"vocab_size={model.vocab_size}; set the model's vocab_size to "
+                         f"{vocab[0]} (loop.model_config.overrides), or register the task "
+                         "with the model's SentencePiece model")
+
     net = Transformer(model)
     objs = [trainer_lib.WeightedObjective(spec.factory(model=net, name=name), spec.weight)
             for name, spec in objectives.items()]
