@@ -33,10 +33,12 @@ def resume_plan(seed: int, start_step: int, mode: str) -> tuple[int, int]:
       pipeline's time for `start_step` batches: minutes per 10k steps, hours for a pod run
       preempted late.
     - "reseed": a new seed derived from `(seed, start_step)` and no skipping: the restart is
-      immediate and still deterministic (the same checkpoint resumes to the same batches), but
-      the data after it are a fresh draw of the mixture, so some examples of the uninterrupted
-      run are never seen and others are seen twice. t5x without dataset checkpointing and
-      maxtext's tf.data input make the same trade.
+      immediate and still deterministic (the same checkpoint resumes to the same batches).
+      What the new seed changes is the mixture sampling and each task's shuffle buffer; the
+      file sources restart from their first document. On data the run cycles through many
+      times (the demo, parallel corpora) that is a fresh draw; on a corpus read for less than
+      one epoch the run re-reads its earliest data after each restart, as t5x does when it
+      restarts without a dataset checkpoint. Synthetic streams are redrawn entirely.
 
     At `start_step == 0` both modes give `(seed, 0)`, so fresh runs do not depend on the mode.
     """
