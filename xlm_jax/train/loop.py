@@ -136,8 +136,8 @@ def train(model_dir: str,
     """Trains the objective mixture; resumes from the latest checkpoint in `model_dir`.
 
     `data_resume` says how the input streams continue after a restart: "replay" (exact, costs
-    the pipeline time of the skipped batches) or "reseed" (immediate, a fresh draw); see
-    `xlm_jax.train.data.resume_plan`.
+    the pipeline time of the skipped batches) or "reseed" (immediate, reseeded sampling but
+    the file sources start over); see `xlm_jax.train.data.resume_plan`.
     """
     data_lib.resume_plan(seed, 0, data_resume)  # a bad mode fails before anything is built
     ckpt = ckpt_lib.Checkpointer(model_dir, checkpoint)  # fails now if model_dir is unwritable
