@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -56,6 +57,19 @@ def import_modules(modules: Sequence[str]) -> None:
         importlib.import_module(name)
 
 
+def _seqio_members(tasks: Sequence[str]) -> Iterator[tuple[Any, str]]:
+    """(seqio Task, how to name it) for every Task of the tasks/mixtures in `tasks`; synthetic
+    streams have none. A mixture's Task is named "TASK (in MIXTURE)"."""
+    for task in tasks:
+        if task.startswith(SYNTHETIC):
+            continue
+        from xlm_jax.data import registry
+
+        provider = registry.get_provider(task)
+        for member in getattr(provider, "tasks", [provider]):
+            yield member, member.name if member is provider else f"{member.name} (in {task})"
+
+
 def language_list(tasks: Sequence[str]) -> list[str] | None:
     """The `lang_ids` table the seqio tasks/mixtures in `tasks` were registered with, or None
     when none of them records one (synthetic streams, tasks registered without the registry).
@@ -64,16 +78,10 @@ def language_list(tasks: Sequence[str]) -> list[str] | None:
     different languages to the same language-embedding table.
     """
     seen: dict[tuple[str, ...], str] = {}
-    for task in tasks:
-        if task.startswith(SYNTHETIC):
-            continue
-        from xlm_jax.data import registry
-
-        provider = registry.get_provider(task)
-        for member in getattr(provider, "tasks", [provider]):
-            langs = tuple(getattr(member, "xlm_jax_languages", ()))
-            if langs:
-                seen.setdefault(langs, member.name)
+    for member, _ in _seqio_members(tasks):
+        langs = tuple(getattr(member, "xlm_jax_languages", ()))
+        if langs:
+            seen.setdefault(langs, member.name)
     if len(seen) > 1:
         (a, ta), (b, tb) = list(seen.items())[:2]
         raise ValueError(f"tasks {ta} and {tb} were registered with different language lists "
@@ -91,18 +99,11 @@ def vocabulary_size(tasks: Sequence[str]) -> tuple[int, str] | None:
     NaN loss at step 1 that names no cause.
     """
     best: tuple[int, str] | None = None
-    for task in tasks:
-        if task.startswith(SYNTHETIC):
-            continue
-        from xlm_jax.data import registry
-
-        provider = registry.get_provider(task)
-        for member in getattr(provider, "tasks", [provider]):
-            for key, feature in member.output_features.items():
-                if key.endswith("input_ids") and (best is None
-                                                  or feature.vocabulary.vocab_size > best[0]):
-                    where = member.name if member is provider else f"{member.name} (in {task})"
-                    best = (feature.vocabulary.vocab_size, where)
+    for member, where in _seqio_members(tasks):
+        for key, feature in member.output_features.items():
+            if key.endswith("input_ids") and (best is None
+                                              or feature.vocabulary.vocab_size > best[0]):
+                best = (feature.vocabulary.vocab_size, where)
     return best
 
 

@@ -152,15 +152,16 @@ def train(model_dir: str,
     rules = partitioning.standard_logical_axis_rules(axis_rule_overrides)
     if not force_synthetic:  # synthetic runs (the benchmark) must not need TensorFlow
         data_lib.import_modules(task_modules)
-    languages = None if force_synthetic else data_lib.language_list(
-        [spec.task for spec in objectives.values()])
+    # the seqio tasks/mixtures the run reads (none when every stream is synthetic)
+    seqio_tasks = [] if force_synthetic else [
+        spec.task for spec in objectives.values() if not spec.task.startswith(data_lib.SYNTHETIC)]
+    languages = data_lib.language_list(seqio_tasks)
     if languages and model.num_languages and model.num_languages < len(languages) + 1:
         raise ValueError(f"model num_languages={model.num_languages} is too small for the "
                          f"tasks' language list of {len(languages)} languages (lang_ids go up "
                          f"to {len(languages)}; set num_languages >= {len(languages) + 1})")
 
-    vocab = None if force_synthetic else data_lib.vocabulary_size(
-        [spec.task for spec in objectives.values()])
+    vocab = data_lib.vocabulary_size(seqio_tasks)
     if vocab and vocab[0] > model.vocab_size:
         raise ValueError(f"task {vocab[1]} has a vocabulary of {vocab[0]} ids but the model has "
                          f"vocab_size={model.vocab_size}; set the model's vocab_size to "
@@ -204,14 +205,12 @@ def train(model_dir: str,
             state = flax.serialization.from_state_dict(target, restored)
             start = int(extra["step"])
             print(f"resumed from {model_dir} step {start}", file=stream, flush=True)
-            reads_seqio = not force_synthetic and any(
-                not spec.task.startswith(data_lib.SYNTHETIC) for spec in objectives.values())
-            if reads_seqio and data_resume == "replay" and start:
+            if seqio_tasks and data_resume == "replay" and start:
                 print(f"replaying {start} batches of each input stream for the exact data order "
                       "(loop.train.data_resume = 'reseed' restarts the data at once instead)",
                       file=stream, flush=True)
             saved_processes = extra.get("process_count", jax.process_count())
-            if saved_processes != jax.process_count() and reads_seqio:
+            if saved_processes != jax.process_count() and seqio_tasks:
                 print(f"note: saved with {saved_processes} processes, resumed with "
                       f"{jax.process_count()}: each process now reads another shard of the "
                       "data, so the data order differs from the uninterrupted run",
