@@ -11,6 +11,7 @@ import pytest
 from tiny_run import mlm_objectives as _objectives
 from tiny_run import train_tiny as _train
 from xlm_jax.objectives.mlm import MaskedLM
+from xlm_jax.train import data as data_lib
 from xlm_jax.train import loop, partitioning
 
 
@@ -128,8 +129,6 @@ def test_data_resume_reseed_is_a_deterministic_new_draw(tmp_path):
     assert len(a.losses) == 2 and a.losses == b.losses  # same checkpoint, same batches
     # other batches than the uninterrupted run's (the model and the rng are the same)
     assert all(abs(x - y) > 1e-4 for x, y in zip(a.losses, straight.losses[2:]))
-    from xlm_jax.train import data as data_lib
-
     assert data_lib.resume_plan(7, 0, "reseed") == (7, 0)  # fresh runs ignore the mode
     assert data_lib.resume_plan(7, 3, "replay") == (7, 3)
     assert data_lib.resume_plan(7, 3, "reseed") != data_lib.resume_plan(7, 4, "reseed")
@@ -156,7 +155,6 @@ def test_language_embedding_model_trains_and_evaluates_on_synthetic_streams(tmp_
     # Synthetic lang_ids used to reach num_languages, one past the table (row 0 = padding):
     # jnp.take filled that row with NaN and the run stopped at step 1.
     from xlm_jax.data.synthetic import synthetic_batch
-    from xlm_jax.train import data as data_lib
 
     n = data_lib.synthetic_language_count(3)
     lang_ids = synthetic_batch(64, 32, 256, "pair", seed=0, num_languages=n)["lang_ids"]
