@@ -67,7 +67,7 @@ class _NanAfterThreeSteps(MaskedLM):
     def init_state(self, params):
         return {"updates": jnp.zeros((), jnp.int32)}
 
-    def after_update(self, params, state):
+    def after_update(self, params, state, inputs):
         return {"updates": state["updates"] + 1}
 
     def loss(self, params, prepared, rng, state, deterministic=False):

@@ -120,6 +120,7 @@ def train(model_dir: str,
           mesh: partitioning.MeshConfig = partitioning.MeshConfig(),
           num_devices: int | None = None,
           axis_rule_overrides: Sequence[tuple[str, Any]] = (),
+          loss_normalization: str = "per_objective",
           checkpoint: ckpt_lib.CheckpointConfig = ckpt_lib.CheckpointConfig(),
           log_every: int = 10,
           eval_every: int = 0,
@@ -138,8 +139,13 @@ def train(model_dir: str,
     `data_resume` says how the input streams continue after a restart: "replay" (exact, costs
     the pipeline time of the skipped batches) or "reseed" (immediate, reseeded sampling but
     the file sources start over); see `xlm_jax.train.data.resume_plan`.
+    `loss_normalization`: "per_objective" (each objective's loss is a mean over its own units)
+    or "pooled" (unilm InfoXLM: loss sums over all units); see `trainer.make_train_step`.
     """
     data_lib.resume_plan(seed, 0, data_resume)  # a bad mode fails before anything is built
+    if loss_normalization not in trainer_lib.LOSS_NORMALIZATIONS:
+        raise ValueError(f"loop.train.loss_normalization={loss_normalization!r}: expected one "
+                         f"of {', '.join(trainer_lib.LOSS_NORMALIZATIONS)}")
     ckpt = ckpt_lib.Checkpointer(model_dir, checkpoint)  # fails now if model_dir is unwritable
     device_mesh = partitioning.make_mesh(mesh, jax.devices()[:num_devices] if num_devices else None)
     dp = partitioning.data_parallel_size(device_mesh)
@@ -193,7 +199,12 @@ def train(model_dir: str,
                                      f"model being trained has vocab_size={model.vocab_size}")
                 params = trainer_lib.load_pretrained_params(state.params, pre.params, init_from,
                                                             vocab_size=model.vocab_size)
-                state = state.replace(params=jax.device_put(params, shardings.params))
+                params = jax.device_put(params, shardings.params)
+                # objective state (an EMA key encoder) starts from the loaded parameters
+                obj_state = jax.jit(lambda p: nn.meta.unbox(
+                    {o.name: o.objective.init_state(p) for o in objs}),
+                    out_shardings=shardings.obj_state)(params)
+                state = state.replace(params=params, obj_state=obj_state)
             start = 0
             if save_initial and save_checkpoints:  # step 0 = the untrained model, for baselines
                 ckpt.save(0, flax.serialization.to_state_dict(state),
@@ -225,7 +236,7 @@ def train(model_dir: str,
                        num_languages=data_lib.synthetic_language_count(model.num_languages))
                    for i, (name, spec) in enumerate(objectives.items())}
         step_fn = jax.jit(
-            trainer_lib.make_train_step(objs, tx, schedule, accum_steps),
+            trainer_lib.make_train_step(objs, tx, schedule, accum_steps, loss_normalization),
             in_shardings=(shardings, None, partitioning.replicated(device_mesh)),
             out_shardings=(shardings, partitioning.replicated(device_mesh)),
             donate_argnums=(0,))
@@ -257,8 +268,9 @@ def train(model_dir: str,
                         f"non-finite loss {value} at step {done} in objective '{o.name}'; "
                         f"last good checkpoint: step {ckpt.latest_step()} in {model_dir}")
             losses.append(float(metrics["loss"]))
-            tokens_per_step = sum(int((b["input_ids"] != model.pad_id).sum())
-                                  for b in local.values()) * jax.process_count()
+            tokens_per_step = sum(int((v != model.pad_id).sum()) for b in local.values()
+                                  for k, v in b.items() if k.endswith("input_ids")
+                                  ) * jax.process_count()
             window_tokens += tokens_per_step
             if done % log_every == 0 or done == train_steps:
                 elapsed = max(time.perf_counter() - window_start, 1e-9)

@@ -46,6 +46,9 @@ def standard_logical_axis_rules(overrides: Sequence[tuple[str, Any]] = ()) -> Ru
         "languages": None,
         "relpos_buckets": None,
         "scalar": None,
+        # objective state: InfoXLM's queue of negative keys [queue, embed_proj]; replicated,
+        # since every query scores every key (131072 x 768 fp32 = 0.4 GB per device at base)
+        "queue": None,
         # activations
         "activation_batch": ("data", "fsdp"),
         "activation_length": None,

@@ -69,8 +69,8 @@ def make_init_fn(model: Transformer, objectives: Sequence[WeightedObjective],
         inputs = init_batch_shapes(model, 1, seq_len)
         params = model.init(rng, inputs.pop("input_ids"), **inputs)["params"]
         opt_state = optimizer.init(params)
-        unboxed = nn.meta.unbox(params)
-        obj_state = {o.name: o.objective.init_state(unboxed) for o in objectives}
+        # boxed parameters: an EMA copy keeps their logical axes and is sharded like them
+        obj_state = {o.name: o.objective.init_state(params) for o in objectives}
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
                           obj_state=obj_state)
 
@@ -96,15 +96,27 @@ def _split_micro(tree: Any, accum: int) -> Any:
     return jax.tree_util.tree_map(split, tree)
 
 
+LOSS_NORMALIZATIONS = ("per_objective", "pooled")
+
+
 def make_train_step(objectives: Sequence[WeightedObjective],
                     optimizer: optax.GradientTransformation,
                     schedule: optax.Schedule | None = None,
-                    accum_steps: int = 1) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
+                    accum_steps: int = 1,
+                    normalization: str = "per_objective"
+                    ) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
     """The pure step: `train_step(state, batches, rng) -> (state, metrics)`.
 
     `batches` maps objective name -> its batch; `rng` is the run's base key (the step's key
     is folded in from `state.step`, so a resumed run draws the same randomness).
+    `normalization`: "per_objective" (default; the papers' L = sum_o w_o * mean loss of o) or
+    "pooled" (unilm's InfoXLM code: sum_o w_o * loss sum of o, divided by the units of all
+    objectives together, e.g. sentences + masked tokens). Reported per-objective metrics are
+    per-unit means either way.
     """
+    if normalization not in LOSS_NORMALIZATIONS:
+        raise ValueError(f"unknown loss normalization {normalization!r}; valid: "
+                         f"{', '.join(LOSS_NORMALIZATIONS)}")
     names = [o.name for o in objectives]
 
     def train_step(state: TrainState, batches: Mapping[str, Batch], rng: Array):
@@ -114,42 +126,52 @@ def make_train_step(objectives: Sequence[WeightedObjective],
             prep_rng, loss_rngs[o.name] = jax.random.split(jax.random.fold_in(step_rng, i))
             prepared[o.name] = o.objective.prepare(batches[o.name], prep_rng)
             denoms[o.name] = jnp.maximum(o.objective.denominator(prepared[o.name]), 1.0)
+        if normalization == "pooled":
+            pooled = sum(denoms.values())
+            scale = {name: pooled for name in names}
+        else:
+            scale = denoms
 
         def micro_loss(params: Any, micro: Mapping[str, Batch], index: Array):
             total = 0.0
-            sums = {}
+            sums, inputs = {}, {}
             for o in objectives:
                 out = o.objective.loss(params, micro[o.name],
                                        jax.random.fold_in(loss_rngs[o.name], index),
                                        state.obj_state[o.name])
-                total = total + o.weight * out.loss_sum / denoms[o.name]
+                total = total + o.weight * out.loss_sum / scale[o.name]
                 sums[o.name] = out.metrics
-            return total, sums
+                inputs[o.name] = jax.lax.stop_gradient(out.state_inputs)
+            return total, (sums, inputs)
 
         grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
         if accum_steps == 1:
-            (loss, sums), grads = grad_fn(state.params, prepared, jnp.int32(0))
+            (loss, (sums, inputs)), grads = grad_fn(state.params, prepared, jnp.int32(0))
         else:
             micro = _split_micro(prepared, accum_steps)
 
             def body(carry, xs):
                 g_acc, l_acc, s_acc = carry
-                (l, s), g = grad_fn(state.params, xs[0], xs[1])
+                (l, (s, ins)), g = grad_fn(state.params, xs[0], xs[1])
                 add = lambda a, b: jax.tree_util.tree_map(jnp.add, a, b)  # noqa: E731
-                return (add(g_acc, g), l_acc + l, add(s_acc, s)), None
+                return (add(g_acc, g), l_acc + l, add(s_acc, s)), ins
 
             zeros_g = jax.tree_util.tree_map(jnp.zeros_like, state.params)
             zeros_s = jax.eval_shape(lambda: grad_fn(state.params, jax.tree_util.tree_map(
-                lambda x: x[0], micro), jnp.int32(0))[0][1])
+                lambda x: x[0], micro), jnp.int32(0))[0][1][0])
             zeros_s = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), zeros_s)
-            (grads, loss, sums), _ = jax.lax.scan(
+            (grads, loss, sums), stacked = jax.lax.scan(
                 body, (zeros_g, jnp.zeros((), jnp.float32), zeros_s),
                 (micro, jnp.arange(accum_steps, dtype=jnp.int32)))
+            # [accum, rows/accum, ...] -> [rows, ...]: microbatch i holds rows i*m..(i+1)*m-1
+            inputs = jax.tree_util.tree_map(
+                lambda x: x.reshape((-1,) + x.shape[2:]), stacked)
 
         grad_norm = optim_lib.global_norm(grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        obj_state = {o.name: o.objective.after_update(params, state.obj_state[o.name])
+        obj_state = {o.name: o.objective.after_update(params, state.obj_state[o.name],
+                                                      inputs[o.name])
                      for o in objectives}
         metrics: dict[str, Array] = {"loss": loss, "grad_norm": grad_norm}
         for name in names:
