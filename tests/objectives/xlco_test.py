@@ -1,0 +1,171 @@
+"""XLCo (InfoXLM): the loss against a numpy InfoNCE, the pre-fill, the EMA and the ring buffer,
+masking of both rows, and the argument errors."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from xlm_jax.data.pipeline import BOS_ID, EOS_ID, PAD_ID
+from xlm_jax.data.synthetic import synthetic_batch
+from xlm_jax.models.config import get_config
+from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.xlco import XLCo
+
+CFG = get_config("tiny", vocab_size=64, num_layers=3, hidden_size=32, num_heads=4, mlp_dim=64,
+                 max_positions=40, dropout_rate=0.0, attention_dropout_rate=0.0,
+                 projection_dim=16)
+
+
+def _setup(queue_size=8, **kw):
+    net = Transformer(CFG)
+    obj = XLCo(net, queue_size=queue_size, **kw)
+    params = net.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"]
+    return net, obj, nn.meta.unbox(params)
+
+
+def _perturbed(tree, seed, scale=0.05):
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    return treedef.unflatten([x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+
+
+def _numpy_rep(net, params, ids, layer):
+    """`<s>` state of `layer` (from the model's hidden states) times the projection, in numpy."""
+    out = net.apply({"params": params}, jnp.asarray(ids), return_hidden_states=True,
+                    method=Transformer.encode)
+    cls = np.asarray(out.hidden_states[layer])[:, 0].astype(np.float64)
+    return cls @ np.asarray(params["projection"]["dense"]["kernel"], np.float64)
+
+
+@pytest.mark.parametrize("stream, normalize, in_batch", [
+    ("mixup", False, False), ("veco", False, False), ("mixup", True, False), ("veco", True, True)])
+def test_loss_is_infonce_against_the_queue(stream, normalize, in_batch):
+    net, obj, params = _setup(stream=stream, layer=2, temperature=0.25, mask_prob=0.0,
+                              normalize=normalize, in_batch_negatives=in_batch)
+    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(4, 16, 64, kind=stream, seed=3).items()}
+    state = jax.tree_util.tree_map(lambda x: x, nn.meta.unbox(obj.init_state(params)))
+    state["key_params"] = _perturbed(params, 1)  # a key encoder that differs from the query's
+    queue = np.asarray(jax.random.normal(jax.random.PRNGKey(2), (8, 16)))
+    state["queue"], state["filled"] = jnp.asarray(queue, jnp.float32), jnp.int32(8)
+    prepared = obj.prepare(batch, jax.random.PRNGKey(4))
+    out = obj.loss(params, prepared, jax.random.PRNGKey(5), state, deterministic=True)
+
+    qp, kp = obj.query_prefix, obj.key_prefix
+    q = _numpy_rep(net, params, batch[qp + "input_ids"], 2)
+    k = _numpy_rep(net, state["key_params"], batch[kp + "input_ids"], 2)
+    if normalize:
+        q, k = (x / np.linalg.norm(x, axis=1, keepdims=True) for x in (q, k))
+    # the positive first, then (in_batch) the other rows' keys, then the queue
+    nll, hits = [], 0
+    for i in range(4):
+        negatives = [k[j] for j in range(4) if in_batch and j != i] + list(queue)
+        row = np.array([q[i] @ k[i]] + [q[i] @ x for x in negatives]) / 0.25
+        nll.append(np.log(np.exp(row - row.max()).sum()) + row.max() - row[0])
+        hits += row[0] > row[1:].max()
+    nll = np.array(nll)
+    assert nll.sum() > 1.0 and np.ptp(nll) > 0.01  # not a trivial case
+    np.testing.assert_allclose(float(out.loss_sum), nll.sum(), rtol=2e-5)
+    assert float(out.metrics["accuracy"]) == hits
+    assert float(out.denominator) == 4.0
+    np.testing.assert_allclose(np.asarray(out.state_inputs["keys"]), k, rtol=1e-4, atol=1e-5)
+
+
+def test_mean_pooling_without_projection_uses_the_rows_tokens():
+    cfg = CFG.replace(projection_dim=0)
+    net = Transformer(cfg)
+    obj = XLCo(net, stream="veco", layer=1, mask_prob=0.0, pooling="mean", queue_size=4)
+    params = nn.meta.unbox(net.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"])
+    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(2, 12, 64, kind="veco", seed=0).items()}
+    vec = obj.represent(params, batch, "y_", jax.random.PRNGKey(0), True)
+    h = np.asarray(net.apply({"params": params}, batch["y_input_ids"], return_hidden_states=True,
+                             method=Transformer.encode).hidden_states[1])
+    valid = np.asarray(batch["y_input_ids"]) != PAD_ID
+    want = (h * valid[..., None]).sum(1) / valid.sum(1, keepdims=True)
+    assert vec.shape == (2, 32)
+    np.testing.assert_allclose(np.asarray(vec), want, rtol=1e-5, atol=1e-6)
+
+
+def test_loss_is_off_until_the_queue_is_full():
+    net, obj, params = _setup(mask_prob=0.0)
+    batch = synthetic_batch(4, 16, 64, kind="mixup", seed=0)
+    state = nn.meta.unbox(obj.init_state(params))
+    for filled, expect_zero in ((0, True), (4, True), (8, False)):
+        state = {**state, "filled": jnp.int32(filled)}
+        out = obj.loss(params, obj.prepare(batch, jax.random.PRNGKey(0)), jax.random.PRNGKey(1),
+                       state, deterministic=True)
+        assert (float(out.loss_sum) == 0.0) == expect_zero
+        assert float(out.metrics["queue_fill"]) == pytest.approx(4 * filled / 8)
+        if expect_zero:
+            assert float(out.metrics["accuracy"]) == 0.0
+
+
+def test_after_update_is_ema_then_ring_buffer():
+    net, obj, params = _setup(queue_size=8, momentum=0.9)
+    state = nn.meta.unbox(obj.init_state(params))
+    np.testing.assert_array_equal(np.asarray(state["key_params"]["projection"]["dense"]["kernel"]),
+                                  np.asarray(params["projection"]["dense"]["kernel"]))
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(size=(4, 16)).astype(np.float32) for _ in range(3)]
+    new = _perturbed(params, 7)
+    key = state["key_params"]
+    for i, keys in enumerate(batches):
+        state = obj.after_update(new, state, {"keys": jnp.asarray(keys)})
+        key = jax.tree_util.tree_map(lambda k, p: 0.9 * np.asarray(k) + 0.1 * np.asarray(p),
+                                     key, new)
+        assert int(state["filled"]) == min(4 * (i + 1), 8)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+                           state["key_params"], key)
+    # three batches of 4 in a queue of 8: the third overwrote slots 0..3, the second is in 4..7
+    np.testing.assert_array_equal(np.asarray(state["queue"]),
+                                  np.concatenate([batches[2], batches[1]]))
+    assert int(state["ptr"]) == 4
+
+
+def test_collapsed_vectors_score_no_hits():
+    # equal logits everywhere: argmax would say "index 0 = the positive" for every row
+    net, obj, params = _setup(mask_prob=0.0, in_batch_negatives=True, queue_size=0)
+    state = nn.meta.unbox(obj.init_state(params))
+    zero = jax.tree_util.tree_map(jnp.zeros_like, params)  # every vector is 0: all logits tie
+    batch = synthetic_batch(4, 16, 64, kind="mixup", seed=0)
+    out = obj.loss(zero, batch, jax.random.PRNGKey(1), {**state, "key_params": zero}, True)
+    assert float(out.metrics["accuracy"]) == 0.0
+    assert float(out.loss_sum) == pytest.approx(4 * np.log(4), rel=1e-5)
+
+
+def test_queue_must_take_whole_batches():
+    net, obj, params = _setup(queue_size=10)
+    state = nn.meta.unbox(obj.init_state(params))
+    with pytest.raises(ValueError, match=r"queue_size=10 is not a multiple of the global batch "
+                                         r"of 4 rows"):
+        obj.after_update(params, state, {"keys": jnp.zeros((4, 16))})
+
+
+def test_both_rows_are_masked_and_specials_kept():
+    net, obj, _ = _setup(mask_prob=0.15, max_predictions=12)
+    batch = synthetic_batch(64, 32, 64, kind="mixup", seed=1)
+    prepared = obj.prepare({k: jnp.asarray(v) for k, v in batch.items()}, jax.random.PRNGKey(0))
+    for prefix in ("query_", "key_"):
+        before = batch[prefix + "input_ids"]
+        after = np.asarray(prepared[prefix + "input_ids"])
+        special = np.isin(before, [BOS_ID, EOS_ID, PAD_ID])
+        np.testing.assert_array_equal(after[special], before[special])
+        changed = (after != before).mean() / (~special).mean()
+        assert 0.08 < changed < 0.16  # 15% selected, of which 80% masked + ~10% replaced
+        assert (after == CFG.vocab_size - 1).any()  # <mask>
+    for name in batch:  # the other features pass through untouched
+        if not name.endswith("input_ids"):
+            np.testing.assert_array_equal(np.asarray(prepared[name]), batch[name])
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"stream": "pair"}, r"stream='pair' must be one of mixup, veco"),
+    ({"layer": 4}, r"layer=4 is outside 0..3"),
+    ({"temperature": 0.0}, r"temperature=0.0 is out of range"),
+    ({"momentum": 1.0}, r"momentum=1.0 is out of range"),
+    ({"queue_size": 0}, r"queue_size=0 is out of range"),  # only with in_batch_negatives
+    ({"pooling": "max"}, r"pooling='max' must be one of cls, mean"),
+])
+def test_bad_arguments_are_named(kw, match):
+    with pytest.raises(ValueError, match=match):
+        XLCo(Transformer(CFG), **kw)

@@ -1,0 +1,201 @@
+"""InfoXLM cross-lingual contrast (XLCo): a momentum key encoder and a queue of negatives.
+
+A translation pair (or, with `stream="mixup"`, InfoXLM's two-pair mixup example) gives a query
+row and a key row. The query is encoded by the model being trained, the key by an EMA copy of
+it (the momentum encoder, MoCo-style); both take the `<s>` hidden state of the "universal"
+layer `layer` and, if the model has one (`ModelConfig.projection_dim`), the bias-free linear
+projection. The loss is InfoNCE against the queue of earlier keys:
+
+    logits = [q . k+, q . queue] / temperature,   loss = cross-entropy with label 0,
+
+with no L2 normalisation (as unilm's code; `normalize=True` gives MoCo's unit vectors).
+`in_batch_negatives=True` also scores each query against the other rows' keys of the same
+step (as MoCo v3; `queue_size=0` then leaves only those): negatives from the current key
+encoder cannot be told from the positive by their age alone, which a short run with a small
+queue otherwise learns to do. Facts kept from the reference implementation
+(unilm `infoxlm`, criterion `xlco`):
+- the key encoder is the EMA `key = m * key + (1 - m) * params` after every optimizer step,
+  projection included; it starts as a copy of the parameters (loaded ones for `init_from`);
+- the queue is a ring buffer of the keys of all devices (the keys here are the *global*
+  batch, so nothing needs gathering); the loss is off (0, with accuracy 0) until the queue
+  is full, while the first keys are enqueued;
+- both rows are MLM-masked (`mask_prob`, 80/10/10; no MLM loss on them);
+- one direction per example: the data already puts either side first at random;
+- dropout is on in both encoders while training (the key encoder runs in training mode under
+  `no_grad` there).
+The loss unit is a sentence pair; `loop.train.loss_normalization="pooled"` gives unilm's
+normalisation by sentences + masked tokens instead of the paper's sum of means.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from xlm_jax.data.pipeline import PAD_ID, PREFIXES
+from xlm_jax.models import heads as heads_lib
+from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.base import Batch, LossOutput, Objective
+from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
+from xlm_jax.objectives.mlm import encoder_kwargs
+
+STREAMS = ("mixup", "veco")  # query_/key_ rows (mixup) or x_/y_ rows (a sentence, its translation)
+QUEUE_AXES = ("queue", "embed_proj")  # logical names of the queue; "queue" is replicated by default
+
+
+class XLCo(Objective):
+    """InfoXLM XLCo on a two-row stream; see the module docstring for the computation."""
+
+    def __init__(self, model: Transformer, name: str = "xlco", stream: str = "mixup",
+                 layer: int | None = None, temperature: float = 0.25,
+                 queue_size: int = 131072, momentum: float = 0.999, mask_prob: float = 0.15,
+                 max_predictions: int = 20, pooling: str = "cls", normalize: bool = False,
+                 in_batch_negatives: bool = False, use_lang_ids: bool | None = None):
+        """
+        Args:
+          stream: "mixup" (InfoXLM mixup examples, `query_*`/`key_*` rows) or "veco" (a
+            sentence and its translation, `x_*`/`y_*` rows).
+          layer: the hidden state used, 0 = embeddings .. num_layers = last (None); InfoXLM
+            uses 8 for base and 12 for large ("universal layer").
+          temperature: tau of the softmax (0.25 in InfoXLM).
+          queue_size: negatives kept (131072 in InfoXLM); a multiple of the global batch; 0 (no
+            queue) only with `in_batch_negatives`.
+          momentum: m of the key encoder's EMA (paper 0.999; released README 0.9999).
+          mask_prob, max_predictions: MLM masking of both rows (0 turns it off).
+          pooling: "cls" (`<s>`, InfoXLM) or "mean" (over the row's tokens).
+          normalize: L2-normalise queries and keys (MoCo); InfoXLM does not.
+          in_batch_negatives: the other rows' keys of the step are negatives too (MoCo v3).
+        """
+        cfg = model.config
+        if stream not in STREAMS:
+            raise ValueError(f"XLCo(name={name!r}): stream={stream!r} must be one of "
+                             f"{', '.join(STREAMS)} (two aligned rows per example)")
+        self.layer = cfg.num_layers if layer is None else layer
+        if not 0 <= self.layer <= cfg.num_layers:
+            raise ValueError(f"XLCo(name={name!r}): layer={layer} is outside 0..{cfg.num_layers} "
+                             f"(the model has {cfg.num_layers} layers)")
+        for field, value, ok in (("temperature", temperature, temperature > 0),
+                                 ("queue_size", queue_size,
+                                  isinstance(queue_size, int)
+                                  and (queue_size > 0 or queue_size == 0 and in_batch_negatives)),
+                                 ("momentum", momentum, 0.0 <= momentum < 1.0),
+                                 ("mask_prob", mask_prob, 0.0 <= mask_prob < 1.0)):
+            if not ok:
+                raise ValueError(f"XLCo(name={name!r}): {field}={value!r} is out of range")
+        if pooling not in heads_lib.POOLING:
+            raise ValueError(f"XLCo(name={name!r}): pooling={pooling!r} must be one of "
+                             f"{', '.join(heads_lib.POOLING)}")
+        self.model, self.name, self.stream = model, name, stream
+        self.query_prefix, self.key_prefix = PREFIXES[stream]
+        self.temperature, self.queue_size, self.momentum = temperature, queue_size, momentum
+        self.pooling, self.normalize = pooling, normalize
+        self.in_batch_negatives = in_batch_negatives
+        self.masking = (MaskingConfig(mask_prob=mask_prob, max_predictions=max_predictions,
+                                      mask_id=cfg.vocab_size - 1, vocab_size=cfg.vocab_size)
+                        if mask_prob > 0 else None)
+        self.use_lang_ids = cfg.num_languages > 0 if use_lang_ids is None else use_lang_ids
+        self.dim = cfg.projection_dim or cfg.hidden_size
+
+    # -- state ----------------------------------------------------------------------------
+
+    def init_state(self, params: Any) -> dict[str, Any]:
+        """Key encoder = a copy of `params` (boxed params keep their sharding), an empty queue."""
+        state = {"key_params": jax.tree_util.tree_map(jnp.array, params)}
+        if self.queue_size:  # (no empty arrays: orbax cannot save zero-size arrays)
+            queue = jnp.zeros((self.queue_size, self.dim), jnp.float32)
+            state.update(queue=nn.LogicallyPartitioned(queue, names=QUEUE_AXES),
+                         ptr=jnp.zeros((), jnp.int32), filled=jnp.zeros((), jnp.int32))
+        return state
+
+    def after_update(self, params: Any, state: dict[str, Any], inputs: dict[str, jax.Array]
+                     ) -> dict[str, Any]:
+        """EMA of the key encoder, then the step's keys into the ring buffer."""
+        m = self.momentum
+        key_params = jax.tree_util.tree_map(lambda k, p: m * k + (1.0 - m) * p,
+                                            state["key_params"], params)
+        keys = inputs["keys"].astype(jnp.float32)
+        rows = keys.shape[0]
+        if not self.queue_size:
+            return {"key_params": key_params}
+        if self.queue_size % rows:
+            raise ValueError(f"XLCo(name={self.name!r}): queue_size={self.queue_size} is not "
+                             f"a multiple of the global batch of {rows} rows; the ring buffer "
+                             "takes whole batches")
+        queue = jax.lax.dynamic_update_slice(state["queue"], keys, (state["ptr"], 0))
+        return {"key_params": key_params, "queue": queue,
+                "ptr": (state["ptr"] + rows) % self.queue_size,
+                "filled": jnp.minimum(state["filled"] + rows, self.queue_size)}
+
+    # -- loss -----------------------------------------------------------------------------
+
+    def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
+        if self.masking is None:
+            return dict(batch)
+        out = dict(batch)
+        for prefix, r in zip((self.query_prefix, self.key_prefix), jax.random.split(rng)):
+            out[prefix + "input_ids"] = mask_tokens(r, batch[prefix + "input_ids"], None,
+                                                    self.masking).input_ids
+        return out
+
+    def _valid_rows(self, prepared: Batch) -> jax.Array:
+        return (prepared[self.query_prefix + "input_ids"][:, 0] != PAD_ID).astype(jnp.float32)
+
+    def denominator(self, prepared: Batch) -> jax.Array:
+        return jnp.sum(self._valid_rows(prepared))
+
+    def represent(self, params: Any, prepared: Batch, prefix: str, rng: jax.Array,
+                  deterministic: bool) -> jax.Array:
+        """[B, P] sentence vectors of the `prefix` rows: pooled layer `layer`, projected (and
+        L2-normalised with `normalize`)."""
+        rows = {k[len(prefix):]: v for k, v in prepared.items() if k.startswith(prefix)}
+        kwargs = encoder_kwargs(rows)
+        if not self.use_lang_ids:
+            kwargs.pop("lang_ids", None)
+
+        def forward(mdl: Transformer) -> jax.Array:
+            out = mdl.encode(rows["input_ids"], deterministic=deterministic,
+                             return_hidden_states=True, **kwargs)
+            valid = (rows["segment_ids"] > 0 if "segment_ids" in rows
+                     else rows["input_ids"] != mdl.config.pad_id)
+            pooled = heads_lib.pool(out.hidden_states[self.layer], valid, self.pooling)
+            return mdl.project(pooled) if mdl.config.projection_dim else pooled
+
+        vec = self.model.apply({"params": params}, rngs={"dropout": rng}, method=forward)
+        vec = vec.astype(jnp.float32)
+        if self.normalize:
+            vec = vec / jnp.maximum(jnp.linalg.norm(vec, axis=-1, keepdims=True), 1e-6)
+        return vec
+
+    def loss(self, params: Any, prepared: Batch, rng: jax.Array, state: Any,
+             deterministic: bool = False) -> LossOutput:
+        q_rng, k_rng = jax.random.split(rng)
+        q = self.represent(params, prepared, self.query_prefix, q_rng, deterministic)
+        k = jax.lax.stop_gradient(
+            self.represent(state["key_params"], prepared, self.key_prefix, k_rng, deterministic))
+        valid = self._valid_rows(prepared)
+        if self.in_batch_negatives:  # positives on the diagonal; padding rows are no negatives
+            batch = jnp.where(valid[None, :] > 0, q @ k.T, -1e9)
+            label = jnp.arange(q.shape[0])
+        else:
+            batch = jnp.sum(q * k, axis=-1, keepdims=True)
+            label = jnp.zeros(q.shape[0], jnp.int32)
+        if self.queue_size:
+            batch = jnp.concatenate([batch, q @ jax.lax.stop_gradient(state["queue"]).T], -1)
+        logits = batch / self.temperature
+        positive = jnp.take_along_axis(logits, label[:, None], axis=-1)[:, 0]
+        nll = jax.nn.logsumexp(logits, axis=-1) - positive
+        filled = state["filled"] if self.queue_size else 0
+        ready = jnp.float32(filled >= self.queue_size)
+        loss_sum = jnp.sum(jnp.where(valid > 0, nll, 0.0)) * ready
+        # a tie (e.g. collapsed vectors) is not a hit: the positive must beat every negative
+        others = jnp.where(jax.nn.one_hot(label, logits.shape[-1]) > 0, -jnp.inf, logits)
+        hit = positive > jnp.max(others, axis=-1)
+        correct = jnp.sum(hit * valid) * ready
+        count = jnp.sum(valid)
+        metrics = {"loss": loss_sum, "accuracy": correct}
+        if self.queue_size:  # reported divided by the count: the filled fraction
+            metrics["queue_fill"] = jnp.float32(filled) / self.queue_size * count
+        return LossOutput(loss_sum=loss_sum, denominator=count, metrics=metrics,
+                          state_inputs={"keys": k})
