@@ -1,10 +1,12 @@
 """`python -m xlm_jax.demo --model_dir=demo_output` — what `make demo` runs.
 
-Trains the tiny model with MMLM + TLM on the embedded Django/Wagtail demo corpus
-(`gin_configs/demo/mmlm_tlm.gin`), then measures Tatoeba-style retrieval (acc@1, both
-directions, mean-pooled hidden states) on the held-out split for the untrained model (the
-step-0 checkpoint) and the last checkpoint, prints a per-language table and writes
-`report.png` (loss curves + retrieval bars) and the two result JSONs into `--model_dir`.
+Trains a tiny model with InfoXLM's objectives, MMLM + TLM + XLCo, on the embedded
+Django/Wagtail demo corpus (`gin_configs/demo/infoxlm.gin`; `--gin_file=demo/mmlm_tlm.gin`
+trains MMLM + TLM alone), then measures Tatoeba-style retrieval (acc@1, both directions,
+mean-pooled hidden states) on the held-out split for the untrained model (the step-0
+checkpoint) and the last checkpoint, prints a per-language table (each model at its best
+layer unless `--layer` names one) and writes `report.png` (loss curves + retrieval bars) and
+the two result JSONs into `--model_dir`.
 """
 from __future__ import annotations
 
@@ -21,10 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m xlm_jax.demo", description=__doc__)
     p.add_argument("--model_dir", default="demo_output")
     p.add_argument("--gin_file", action="append", default=None,
-                   help="default: demo/mmlm_tlm.gin")
+                   help="default: demo/infoxlm.gin")
     p.add_argument("--gin_bindings", action="append", default=[])
-    p.add_argument("--layer", default=None,
-                   help="layer for the table (default: the middle layer); 'all' = best layer")
+    p.add_argument("--layer", default="all",
+                   help="layer for the table; default 'all' = each model at its best layer")
     p.add_argument("--tatoeba_dir", default=os.path.join(REPO_ROOT, "tasks", "demo_data", "tatoeba"))
     args = p.parse_args(argv)
     os.chdir(REPO_ROOT)  # gin files name the demo data relative to the repository
@@ -40,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = os.path.abspath(args.model_dir)
     train_dir = os.path.join(model_dir, "model")
-    gin_utils.parse(args.gin_file or ["demo/mmlm_tlm.gin"],
+    gin_utils.parse(args.gin_file or ["demo/infoxlm.gin"],
                     args.gin_bindings + ["loop.train.save_initial = True"])
     t0 = time.time()
     result = loop.train(train_dir)

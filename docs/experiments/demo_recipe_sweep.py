@@ -58,6 +58,14 @@ p.add_argument("--xlco_w", type=float, default=0.0,
                help="> 0: add an in-batch contrastive loss on translation pairs (upper bound, not MMLM+TLM)")
 p.add_argument("--xlco_layer", type=int, default=-1, help="layer pooled for --xlco_w (-1: last)")
 p.add_argument("--xlco_tau", type=float, default=0.1)
+p.add_argument("--xlco_lib", type=int, default=0,
+               help="1: --xlco_w uses the library's XLCo (momentum encoder + queue) instead")
+p.add_argument("--xlco_m", type=float, default=0.999)
+p.add_argument("--xlco_q", type=int, default=1024)
+p.add_argument("--xlco_pool", default="cls")
+p.add_argument("--xlco_norm", type=int, default=0)
+p.add_argument("--xlco_inbatch", type=int, default=0)
+p.add_argument("--proj", type=int, default=0, help="projection_dim of the model (XLCo head)")
 p.add_argument("--save", default="")
 a = p.parse_args()
 print(vars(a), flush=True)
@@ -126,7 +134,7 @@ def gen_pair():
 
 cfg = get_config("tiny", vocab_size=tok.vocab_size, num_layers=a.layers, hidden_size=a.hidden,
                  mlp_dim=a.mlp, num_heads=a.heads, dropout_rate=a.dropout,
-                 ln_style=a.ln)
+                 ln_style=a.ln, projection_dim=a.proj)
 net = Transformer(cfg)
 objs = [T.WeightedObjective(MaskedLM(net, "mmlm", "mono", a.mask, int(np.ceil(a.mask * a.seq)) + 2), a.mono_w),
         T.WeightedObjective(MaskedLM(net, "tlm", "pair", a.mask, int(np.ceil(a.mask * a.seq)) + 2), a.tlm_w)]
@@ -169,7 +177,14 @@ def pair_batch(bs, seq):
             arr[r, :len(x)] = x
     return {"src_ids": src, "tgt_ids": tgt}
 
-if a.xlco_w > 0:
+if a.xlco_w > 0 and a.xlco_lib:
+    from xlm_jax.objectives.xlco import XLCo
+    objs.append(T.WeightedObjective(XLCo(
+        net, name="xlco", stream="veco", layer=None if a.xlco_layer < 0 else a.xlco_layer,
+        temperature=a.xlco_tau, queue_size=a.xlco_q, momentum=a.xlco_m, mask_prob=a.mask,
+        max_predictions=int(np.ceil(a.mask * (a.seq // 2))) + 2, pooling=a.xlco_pool,
+        normalize=bool(a.xlco_norm), in_batch_negatives=bool(a.xlco_inbatch)), a.xlco_w))
+elif a.xlco_w > 0:
     objs.append(T.WeightedObjective(PairContrast(), a.xlco_w))
 ocfg = optim.OptimizerConfig(learning_rate=a.lr, schedule=a.schedule, warmup_steps=a.warmup,
                              total_steps=a.steps, weight_decay=0.01, clip_norm=1.0)
@@ -199,6 +214,11 @@ for i in range(1, a.steps + 1):
     batches = {"mmlm": pack(gen_mono, a.bs, a.seq), "tlm": pack(gen_pair, a.bs, a.seq)}
     if a.xlco_w > 0:
         batches["xlco"] = pair_batch(a.bs, a.seq // 2)
+        if a.xlco_lib:  # a sentence and its translation, either side first
+            src, tgt = batches["xlco"]["src_ids"], batches["xlco"]["tgt_ids"]
+            flip = rs.rand(a.bs) < 0.5
+            batches["xlco"] = {"x_input_ids": np.where(flip[:, None], tgt, src),
+                               "y_input_ids": np.where(flip[:, None], src, tgt)}
     state, m = step(state, batches, rng)
     if i % 50 == 0:
         m = jax.device_get(m)
