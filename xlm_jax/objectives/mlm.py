@@ -26,9 +26,10 @@ def masked_lm_sums(logits: jax.Array, target_ids: jax.Array,
     return jnp.sum(nll * weights), jnp.sum(correct * weights)
 
 
-def encoder_kwargs(batch: Batch) -> dict[str, Any]:
-    """Model inputs that a data batch may carry (packing, positions, language ids)."""
-    keys = ("positions", "segment_ids", "lang_ids", "token_type_ids")
+def encoder_kwargs(batch: Batch, use_lang_ids: bool = True) -> dict[str, Any]:
+    """Model inputs that a data batch may carry (packing, positions, language ids); without
+    `use_lang_ids` the batch's `lang_ids` are left out (a model without a language table)."""
+    keys = ("positions", "segment_ids", "token_type_ids") + (("lang_ids",) if use_lang_ids else ())
     return {k: batch[k] for k in keys if k in batch}
 
 
@@ -56,9 +57,7 @@ class MaskedLM(Objective):
 
     def loss(self, params: Any, prepared: Batch, rng: jax.Array, state: Any,
              deterministic: bool = False) -> LossOutput:
-        kwargs = encoder_kwargs(prepared)
-        if not self.use_lang_ids:
-            kwargs.pop("lang_ids", None)
+        kwargs = encoder_kwargs(prepared, self.use_lang_ids)
 
         def forward(mdl: Transformer) -> jax.Array:
             h = mdl.encode(prepared["input_ids"], deterministic=deterministic, **kwargs)

@@ -131,9 +131,9 @@ class XLCo(Objective):
     # -- loss -----------------------------------------------------------------------------
 
     def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
-        if self.masking is None:
-            return dict(batch)
         out = dict(batch)
+        if self.masking is None:
+            return out
         for prefix, r in zip((self.query_prefix, self.key_prefix), jax.random.split(rng)):
             out[prefix + "input_ids"] = mask_tokens(r, batch[prefix + "input_ids"], None,
                                                     self.masking).input_ids
@@ -150,9 +150,7 @@ class XLCo(Objective):
         """[B, P] sentence vectors of the `prefix` rows: pooled layer `layer`, projected (and
         L2-normalised with `normalize`)."""
         rows = {k[len(prefix):]: v for k, v in prepared.items() if k.startswith(prefix)}
-        kwargs = encoder_kwargs(rows)
-        if not self.use_lang_ids:
-            kwargs.pop("lang_ids", None)
+        kwargs = encoder_kwargs(rows, self.use_lang_ids)
 
         def forward(mdl: Transformer) -> jax.Array:
             out = mdl.encode(rows["input_ids"], deterministic=deterministic,
