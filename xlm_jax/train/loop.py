@@ -201,8 +201,8 @@ def train(model_dir: str,
                                                             vocab_size=model.vocab_size)
                 params = jax.device_put(params, shardings.params)
                 # objective state (an EMA key encoder) starts from the loaded parameters
-                obj_state = jax.jit(lambda p: nn.meta.unbox(
-                    {o.name: o.objective.init_state(p) for o in objs}),
+                obj_state = jax.jit(
+                    lambda p: nn.meta.unbox(trainer_lib.init_objective_state(objs, p)),
                     out_shardings=shardings.obj_state)(params)
                 state = state.replace(params=params, obj_state=obj_state)
             start = 0

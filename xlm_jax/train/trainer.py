@@ -60,6 +60,13 @@ def init_batch_shapes(model: Transformer, batch_size: int, seq_len: int) -> dict
     return {"input_ids": ids, **kw}
 
 
+def init_objective_state(objectives: Sequence[WeightedObjective], params: Any
+                         ) -> dict[str, Any]:
+    """`{name: objective.init_state(params)}`. Given boxed parameters (as in `make_init_fn`),
+    an EMA copy keeps their logical axes and is sharded like them."""
+    return {o.name: o.objective.init_state(params) for o in objectives}
+
+
 def make_init_fn(model: Transformer, objectives: Sequence[WeightedObjective],
                  optimizer: optax.GradientTransformation, seq_len: int
                  ) -> Callable[[Array], TrainState]:
@@ -69,8 +76,7 @@ def make_init_fn(model: Transformer, objectives: Sequence[WeightedObjective],
         inputs = init_batch_shapes(model, 1, seq_len)
         params = model.init(rng, inputs.pop("input_ids"), **inputs)["params"]
         opt_state = optimizer.init(params)
-        # boxed parameters: an EMA copy keeps their logical axes and is sharded like them
-        obj_state = {o.name: o.objective.init_state(params) for o in objectives}
+        obj_state = init_objective_state(objectives, params)  # boxed params
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
                           obj_state=obj_state)
 
