@@ -8,6 +8,7 @@ import pytest
 from jax.sharding import PartitionSpec
 
 from tiny_run import TINY_MODEL, mlm_objectives
+from tiny_run import assert_trees_close as _assert_close
 from tiny_run import train_tiny as _train
 from xlm_jax.convert import hf
 from xlm_jax.models.config import get_config
@@ -33,12 +34,6 @@ def _with_xlco(queue_size=16, momentum=0.9, **kw):
 def _state(model_dir, step=None):
     with ocp.StandardCheckpointer() as ckptr:
         return ckptr.restore(hf.trainer_state_dir(str(model_dir), step))
-
-
-def _assert_close(a, b, atol):
-    jax.tree_util.tree_map_with_path(
-        lambda p, x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol,
-                                                   rtol=0, err_msg=jax.tree_util.keystr(p)), a, b)
 
 
 def test_key_encoder_is_sharded_like_the_params_and_the_queue_by_its_rule():

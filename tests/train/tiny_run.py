@@ -8,6 +8,9 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+import jax
+import numpy as np
+
 from xlm_jax.objectives.mlm import MaskedLM
 from xlm_jax.train import checkpoints, loop, optim, partitioning
 
@@ -46,3 +49,11 @@ def train_tiny(model_dir: Any, steps: int, *, model: dict | None = None,
         checkpoint=checkpoints.CheckpointConfig(save_every_steps=save_every, keep=5,
                                                 async_save=False),
         log_every=1, stream=stream or open(os.devnull, "w"), **kw)
+
+
+def assert_trees_close(a: Any, b: Any, atol: float) -> None:
+    """Every leaf of `a` equals the leaf at the same path of `b` within `atol` (rtol 0)."""
+    flat_b = dict(jax.tree_util.tree_flatten_with_path(b)[0])
+    for path, x in jax.tree_util.tree_flatten_with_path(a)[0]:
+        np.testing.assert_allclose(np.asarray(x), np.asarray(flat_b[path]), atol=atol, rtol=0,
+                                   err_msg=jax.tree_util.keystr(path))

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tiny_run import assert_trees_close as _assert_trees_close
 from tiny_run import mlm_objectives as _objectives
 from tiny_run import train_tiny as _train
 from xlm_jax.objectives.mlm import MaskedLM
@@ -19,14 +20,6 @@ def _final_params(model_dir):
     from xlm_jax.convert import hf
 
     return hf.load_xlm_jax(str(model_dir))[1]
-
-
-def _assert_trees_close(a, b, atol):
-    flat_a = jax.tree_util.tree_flatten_with_path(a)[0]
-    flat_b = dict(jax.tree_util.tree_flatten_with_path(b)[0])
-    for path, x in flat_a:
-        np.testing.assert_allclose(np.asarray(x), np.asarray(flat_b[path]), atol=atol, rtol=0,
-                                   err_msg=jax.tree_util.keystr(path))
 
 
 @pytest.mark.parametrize("embed_proj", ["replicated", "tensor"])
