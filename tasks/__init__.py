@@ -6,6 +6,10 @@
                   parallel text
   tasks.demo      registers the demo corpus of `tasks/demo_data` when imported
 
+Beside them, `tasks.build_demo_corpus` is the script that rebuilds `tasks/demo_data` from the
+Django and Wagtail wheels (`python -m tasks.build_demo_corpus --wheels wheels/ --out
+tasks/demo_data`; see `tasks/demo_data/README.md`); it registers nothing.
+
 A plain package at the repository root (not installed): the command-line tools import it by
 name (`--module tasks.demo`) when run from the repository root. Registration functions are
 plain python so that gin files can call them with `from __gin__ import dynamic_registration`.

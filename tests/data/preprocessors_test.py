@@ -15,7 +15,7 @@ seqio = pytest.importorskip("seqio")
 pytest.importorskip("sentencepiece")
 
 from xlm_jax.data import converters, preprocessors as prep  # noqa: E402
-from xlm_jax.data.pipeline import language_index  # noqa: E402
+from xlm_jax.data.features import language_index  # noqa: E402
 from xlm_jax.data.vocab import XLMRTokenizer, get_vocabulary  # noqa: E402
 
 PAD = 1

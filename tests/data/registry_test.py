@@ -19,7 +19,8 @@ seqio = pytest.importorskip("seqio")
 pytest.importorskip("sentencepiece")
 
 from xlm_jax.data import converters, registry, sources  # noqa: E402
-from xlm_jax.data.pipeline import language_index, make_batch_iterator  # noqa: E402
+from xlm_jax.data.features import language_index  # noqa: E402
+from xlm_jax.data.pipeline import make_batch_iterator  # noqa: E402
 from xlm_jax.data.vocab import XLMRTokenizer, get_vocabulary  # noqa: E402
 
 WORDS = {lang: [f"{lang}{w}" for w in ("alpha", "beta", "gamma", "delta", "eps", "zeta")]

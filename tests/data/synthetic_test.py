@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from xlm_jax.data import synthetic
-from xlm_jax.data.pipeline import feature_names
+from xlm_jax.data.features import feature_names
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 KINDS = ("mono", "pair", "veco", "mixup")
@@ -94,8 +94,8 @@ def test_deterministic_and_resumable():
     assert not np.array_equal(first[0]["x_input_ids"], first[1]["x_input_ids"])
 
 
-def test_synthetic_and_pipeline_contract_modules_do_not_import_tensorflow():
-    code = ("import sys, xlm_jax.data.synthetic, xlm_jax.data.pipeline; "
+def test_synthetic_features_and_pipeline_modules_do_not_import_tensorflow():
+    code = ("import sys, xlm_jax.data.synthetic, xlm_jax.data.features, xlm_jax.data.pipeline; "
             "bad = [m for m in ('tensorflow', 'seqio', 'tensorflow_text') if m in sys.modules]; "
             "assert not bad, bad; print('ok')")
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))

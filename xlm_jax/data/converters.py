@@ -5,7 +5,7 @@ Task features (what the preprocessors emit, variable length, int32):
   veco          `x_*` and `y_*` copies of those three
   mixup         `query_*` and `key_*` copies
 
-Model features (int32, exactly [T]): the five features of `xlm_jax.data.pipeline` —
+Model features (int32, exactly [T]): the five features of `xlm_jax.data.features` —
 `input_ids` (pad 1), `positions`, `segment_ids`, `pair_side`, `lang_ids` — with the same
 prefixes. seqio's own padding/packing pads with 0 (which is `<s>` here) and finds lengths by
 counting non-zero ids, so these converters pad and pack themselves.
@@ -24,7 +24,7 @@ import seqio
 import tensorflow as tf
 
 from xlm_jax.data import preprocessors
-from xlm_jax.data.pipeline import FEATURES, PREFIXES as KIND_PREFIXES, feature_names
+from xlm_jax.data.features import FEATURES, PREFIXES as KIND_PREFIXES, feature_names
 
 __all__ = [
     "MonolingualConverter",

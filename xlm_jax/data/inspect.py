@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from xlm_jax.data.pipeline import BOS_ID, EOS_ID, PAD_ID, PREFIXES, UNK_ID
+from xlm_jax.data.features import BOS_ID, EOS_ID, PAD_ID, PREFIXES, UNK_ID
 
 __all__ = ["MemberFrequency", "format_example", "mixture_frequencies", "main"]
 

@@ -19,7 +19,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from xlm_jax.data.pipeline import PAD_ID, make_batch_iterator
+from xlm_jax.data.features import PAD_ID
+from xlm_jax.data.pipeline import make_batch_iterator
 
 __all__ = ["PipelineBenchResult", "count_tokens", "run", "main"]
 

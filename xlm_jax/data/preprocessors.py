@@ -3,7 +3,7 @@
 Every preprocessor takes and returns a `tf.data.Dataset`; the ones that need randomness use
 `seqio.map_over_dataset(num_seeds=...)`, i.e. stateless seeds handed out by the Task from its
 seed, so that a seeded pipeline is reproducible. Token ids are in the fairseq/XLM-R layout
-(`<s>`=0, `<pad>`=1, `</s>`=2); see `xlm_jax.data.pipeline` for the feature contract.
+(`<s>`=0, `<pad>`=1, `</s>`=2); see `xlm_jax.data.features` for the feature contract.
 
 Example formats produced (before the feature converter pads/packs them to static shapes):
 
@@ -29,7 +29,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from xlm_jax.data.pipeline import BOS_ID, EOS_ID, PAD_ID, language_index
+from xlm_jax.data.features import BOS_ID, EOS_ID, PAD_ID, language_index
 
 __all__ = [
     "language_index",

@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from xlm_jax.data import preprocessors as prep
 from xlm_jax.data import sampling, sources
-from xlm_jax.data.pipeline import PREFIXES, default_language_list, language_index
+from xlm_jax.data.features import PREFIXES, default_language_list, language_index
 from xlm_jax.data.sources import CorpusStats
 
 __all__ = [

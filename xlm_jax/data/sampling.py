@@ -44,7 +44,7 @@ XLMR_LANGUAGES: frozenset[str] = frozenset(
 )
 
 # The 77 languages of the committed demo corpus (tasks/demo_data, built from the Django and
-# Wagtail gettext catalogs by xlm_jax.data.build_demo_corpus; see its stats.json). Codes are
+# Wagtail gettext catalogs by tasks/build_demo_corpus.py; see its stats.json). Codes are
 # normalised there: regional variants merge into the base language (pt_BR -> pt, zh_Hans ->
 # zh, ...).
 DEMO_LANGUAGES: frozenset[str] = frozenset(

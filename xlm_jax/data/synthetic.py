@@ -20,8 +20,8 @@ from typing import Iterator
 
 import numpy as np
 
-from xlm_jax.data.pipeline import (BOS_ID, EOS_ID, FEATURES, FIRST_PIECE_ID, PAD_ID, PREFIXES,
-                                   feature_names)
+from xlm_jax.data.features import (BOS_ID, EOS_ID, FEATURES, FIRST_PIECE_ID, PAD_ID,
+                                   PREFIXES, feature_names)
 
 __all__ = ["synthetic_batch", "synthetic_batches"]
 

@@ -6,7 +6,9 @@ translation (msgstr), so one download gives monolingual text in ~90 languages, E
 parallel data, and a held-out retrieval test set, all under BSD licences. Get the wheels with
 
     pip download --no-deps django==5.2.19 wagtail==8.0.1 -d wheels/
-    python -m xlm_jax.data.build_demo_corpus --wheels wheels/ --out tasks/demo_data
+    python -m tasks.build_demo_corpus --wheels wheels/ --out tasks/demo_data
+
+run from the repository root (`tasks` is a plain package there, not an installed one).
 
 Choices (also written to the generated README.md):
   * Language codes are normalised to the part before `_` (pt_BR -> pt, zh_Hans -> zh,
@@ -480,7 +482,7 @@ their licences are in `LICENSE-django.txt` and `LICENSE-wagtail.txt`.
 
 ```
 pip download --no-deps {' '.join(PINNED_WHEELS)} -d wheels/
-python -m xlm_jax.data.build_demo_corpus --wheels wheels/ --out tasks/demo_data
+python -m tasks.build_demo_corpus --wheels wheels/ --out tasks/demo_data
 ```
 
 The build is deterministic: the same wheels give byte-identical files (the SentencePiece model
