@@ -1,7 +1,8 @@
 """`python -m xlm_jax.encode --model DIR --input FILE --layer 8 --pool mean --out FILE.npy`.
 
 Embeds each line of FILE (UTF-8, one sentence per line) with the model's SentencePiece model and
-saves a float32 array [num_lines, hidden] to FILE.npy.
+saves a float32 array [num_lines, hidden] to FILE.npy: `Encoder.embed`, the same vectors as
+Tatoeba retrieval (`xlm_jax.evaluation.retrieval`) computes for the same layer, pool and length.
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layer", type=int, default=8, help="0 = embeddings, L = last layer")
     p.add_argument("--pool", default="mean", choices=("mean", "cls"))
     p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument("--max_length", type=int, default=None)
+    p.add_argument("--max_length", type=int, default=None,
+                   help="tokens per sentence with <s> and </s>, longer ones truncated (default: "
+                        "xlm_jax.encoder.DEFAULT_MAX_LENGTH, capped at the model's positions)")
     p.add_argument("--out", required=True, help="output .npy")
     args = p.parse_args(argv)
     from xlm_jax.encoder import load_encoder

@@ -7,7 +7,7 @@ imports TensorFlow: tokenisation uses SentencePiece directly (`xlm_jax.data.voca
 Models with language embeddings (`ModelConfig.num_languages > 0`, XLM/ERNIE-M style) need the
 language of every token: `embed(..., lang="de")` maps the code through the encoder's
 `language_list` (default: the data registry's, sorted `sampling.KNOWN_LANGUAGES`) to the
-`lang_ids` value the training data used (`pipeline.language_index`, 1-based, 0 = padding), and
+`lang_ids` value the training data used (`features.language_index`, 1-based, 0 = padding), and
 `hidden_states(..., lang_ids=...)` takes the [B, T] ids directly. The trainer records the list
 its tasks were registered with in `{model_dir}/languages.txt`, which `load_encoder` reads; pass
 `language_list` for other directories. Models without language embeddings ignore both.
@@ -25,10 +25,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from xlm_jax.convert import hf as hf_lib
-from xlm_jax.data.pipeline import default_language_list, language_index
+from xlm_jax.data.features import default_language_list, language_index
 from xlm_jax.models.config import ModelConfig
-from xlm_jax.models.heads import pool as pool_fn
+from xlm_jax.models.heads import POOLING, pool as pool_fn
 from xlm_jax.models.transformer import Transformer, default_positions
+
+# Tokens per sentence (with <s> and </s>) that `Encoder.embed`/`embed_layers` keep when no
+# `max_length` is given, capped at the model's position table; longer sentences are truncated
+# (keeping </s>). 128 is what Tatoeba retrieval (`xlm_jax.evaluation.retrieval`, its CLI and so
+# the demo's table) has always used: some demo Tatoeba sentences are longer (up to 149 tokens),
+# so another value would change the demo's numbers. It also keeps the padded widths, and so
+# the evaluation, cheap. Pass `max_length=` (up to `config.max_sequence_length`) for long text.
+DEFAULT_MAX_LENGTH = 128
 
 
 @dataclasses.dataclass
@@ -167,24 +175,80 @@ class Encoder:
             self._tokenizer = XLMRTokenizer(spm)
         return self._tokenizer
 
+    @property
+    def default_max_length(self) -> int:
+        """`max_length` of `embed`/`embed_layers` when none is given: DEFAULT_MAX_LENGTH, capped
+        at the model's position table (`config.max_sequence_length`)."""
+        limit = self.config.max_sequence_length
+        return DEFAULT_MAX_LENGTH if limit is None else min(DEFAULT_MAX_LENGTH, limit)
+
     def embed(self, sentences: Sequence[str], layer: int = 8, pool: str = "mean",
               batch_size: int = 32, max_length: int | None = None,
               lang: str | None = None) -> np.ndarray:
-        """Sentence vectors [N, D]: `layer`'s hidden states pooled (`mean` over real tokens or
-        `cls`). `layer` counts like `hidden_states` (0 = embeddings, num_layers = last).
-        `lang` is the sentences' language code, required by (and only used for) a model with
-        language embeddings."""
-        if not 0 <= layer <= self.config.num_layers:
-            raise ValueError(f"layer={layer} out of range [0, {self.config.num_layers}]")
+        """Sentence vectors [N, D] (float32): `layer`'s hidden states pooled by
+        `heads.pool` (`mean` over real tokens or `cls`). `layer` counts like `hidden_states`
+        (0 = embeddings, num_layers = last). `embed_layers` of one layer: see there for
+        `max_length` (default `default_max_length`), batching and `lang`."""
+        return self.embed_layers(sentences, [layer], pool=pool, max_length=max_length,
+                                 batch_size=batch_size, lang=lang)[0]
+
+    def embed_layers(self, sentences: Sequence[str], layers: Sequence[int], pool: str = "mean",
+                     max_length: int | None = None, batch_size: int = 32,
+                     lang: str | None = None) -> np.ndarray:
+        """Sentence vectors of several layers from ONE forward pass per batch:
+        float32 [len(layers), N, D], each layer's hidden states pooled by `heads.pool`.
+
+        Every sentence is `<s> tokens </s>`, truncated to `max_length` tokens (default
+        `default_max_length`; more than the position table is a ValueError). Sentences are
+        sorted by length and each batch of `batch_size` rows is padded to a power-of-two width
+        (at least 8, at most `max_length`), so few shapes are compiled and little padding is
+        computed; padding does not change the real tokens' states (keys are masked, positions
+        count real tokens only), and a short last batch is filled with empty sentences so that
+        the row count stays fixed. `lang` is the sentences' language code, required by (and
+        only used for) a model with language embeddings.
+        """
+        if isinstance(sentences, str):
+            raise TypeError("embed expects a sequence of sentences, got a single str")
+        if pool not in POOLING:
+            raise ValueError(f"pool={pool!r} is not one of {', '.join(POOLING)}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
+        layers = [int(layer) for layer in layers]
+        if not layers:
+            raise ValueError("layers: empty list")
+        for layer in layers:
+            if not 0 <= layer <= self.config.num_layers:
+                raise ValueError(f"layer={layer} out of range [0, {self.config.num_layers}]")
+        limit = self.config.max_sequence_length
+        if max_length is None:
+            max_length = self.default_max_length
+        elif limit is not None and max_length > limit:
+            raise ValueError(f"max_length={max_length} exceeds the position table of "
+                             f"{self.path} (max {limit} tokens)")
         self._model_lang_id(lang)  # a missing or unknown language fails before any work
+        n = len(sentences)
+        out = np.zeros((len(layers), n, self.config.hidden_size), np.float32)
+        if n == 0:
+            return out
         tok = self.tokenizer
-        max_length = max_length or min(self.config.max_sequence_length or 512, 512)
-        out = []
-        for start in range(0, len(sentences), batch_size):
-            ids, mask = tok.encode_batch(list(sentences[start:start + batch_size]), max_length)
-            hidden = self.hidden_states(ids, mask, self.lang_ids_for(lang, mask))[layer]
-            out.append(np.asarray(pool_fn(jnp.asarray(hidden), jnp.asarray(mask), pool)))
-        return np.concatenate(out) if out else np.zeros((0, self.config.hidden_size), np.float32)
+        lengths = np.array([len(tok.encode(s)) + 2 for s in sentences])  # + <s> and </s>
+        order = np.argsort(lengths, kind="stable")
+        rows = min(batch_size, _next_pow2(n))  # a fixed batch shape: few compilations
+        for start in range(0, n, rows):
+            idx = order[start:start + rows]
+            width = min(max_length, max(8, _next_pow2(int(lengths[idx].max()))))
+            texts = [sentences[i] for i in idx] + [""] * (rows - len(idx))
+            ids, mask = tok.encode_batch(texts, width)
+            hidden = self.hidden_states(ids, mask, self.lang_ids_for(lang, mask))
+            for k, layer in enumerate(layers):
+                # heads.pool on the host's numpy arrays, in float32 (states may be bfloat16)
+                vecs = pool_fn(hidden[layer].astype(np.float32, copy=False), mask, pool)
+                out[k, idx] = np.asarray(vecs)[:len(idx)]
+        return out
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
 def _visibility(attention_mask: jax.Array) -> jax.Array:

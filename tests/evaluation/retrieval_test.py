@@ -213,9 +213,9 @@ def test_all_layers_cost_one_forward_pass(encoder, tatoeba_dir, monkeypatch):
     seen = []
     real = encoder.hidden_states
 
-    def counting(ids, mask=None):
+    def counting(ids, mask=None, lang_ids=None):
         seen.append(np.asarray(ids).shape)
-        return real(ids, mask)
+        return real(ids, mask, lang_ids)
 
     monkeypatch.setattr(encoder, "hidden_states", counting)
     retrieval.evaluate(encoder, tatoeba_dir, 0, max_length=32, batch_size=64)
@@ -354,7 +354,7 @@ def test_step_recorded_for_a_trainer_model_dir(tmp_path):
 
 def test_evaluate_language_model_embeds_each_side_in_its_language(lang_model, lang_tatoeba_dir,
                                                                   monkeypatch):
-    from xlm_jax.data.pipeline import language_index
+    from xlm_jax.data.features import language_index
     from xlm_jax.encoder import Encoder, default_language_list
 
     cfg, params, spm_dir = lang_model

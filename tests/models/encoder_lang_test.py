@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from xlm_jax.data.pipeline import language_index
+from xlm_jax.data.features import language_index
 from xlm_jax.data.sampling import KNOWN_LANGUAGES
 from xlm_jax.encoder import Encoder
 from xlm_jax.models.config import ModelConfig

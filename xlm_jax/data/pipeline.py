@@ -15,23 +15,6 @@ from typing import Iterator
 
 import numpy as np
 
-# Re-exported for importers outside xlm_jax.data that still take the contract from here
-# (xlm_jax.encoder, tests/models/encoder_lang_test.py, tests/evaluation/retrieval_test.py); new
-# code imports xlm_jax.data.features. Drop these once they are switched.
-from xlm_jax.data.features import (  # noqa: F401
-    BOS_ID,
-    EOS_ID,
-    FEATURES,
-    FIRST_PIECE_ID,
-    KINDS,
-    PAD_ID,
-    PREFIXES,
-    UNK_ID,
-    default_language_list,
-    feature_names,
-    language_index,
-)
-
 __all__ = ["make_batch_iterator"]
 
 

@@ -1,13 +1,15 @@
 """Tatoeba sentence retrieval (XTREME): cosine nearest neighbour over pooled hidden states.
 
     python -m xlm_jax.evaluation.retrieval --checkpoint DIR [--step N] --tatoeba_dir DIR \
-        --layer N|all [--languages xx,yy] [--pool mean] [--max_length 128] [--batch_size 64] \
+        --layer N|all [--languages xx,yy] [--pool mean] [--max_length N] [--batch_size 64] \
         [--language_list CODES|FILE] --output_json FILE [--plot FILE.png]
 
 The Tatoeba directory holds, per language xx, the line-aligned files `tatoeba.{xx}-eng.{xx}` and
 `tatoeba.{xx}-eng.eng` (the XTREME layout). Each sentence is embedded by pooling one layer's
-hidden states over its real tokens (padding excluded); for every xx sentence the English
-sentence with the highest cosine similarity is retrieved (xx->eng) and vice versa (eng->xx).
+hidden states over its real tokens (padding excluded) with `Encoder.embed_layers`, the path
+`Encoder.embed` takes (`--max_length` default: `xlm_jax.encoder.DEFAULT_MAX_LENGTH`, capped at
+the model's position table); for every xx sentence the English sentence with the highest
+cosine similarity is retrieved (xx->eng) and vice versa (eng->xx).
 acc@1 counts how often the retrieved sentence is the one on the same line. The reported
 average is over languages and both directions.
 
@@ -241,66 +243,23 @@ def read_pair(tatoeba_dir: str, lang: str) -> TatoebaPair:
 
 # ----------------------------------------------------------------------------- embedding
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def _pool(hidden: np.ndarray, mask: np.ndarray, pool: str) -> np.ndarray:
-    """[..., B, T, D] hidden states -> [..., B, D]; `mean` over real tokens only."""
-    if pool == "cls":
-        return hidden[..., 0, :]
-    w = mask.astype(np.float32)[..., None]
-    return (hidden * w).sum(axis=-2) / np.maximum(w.sum(axis=-2), 1.0)
-
-
 def _uses_languages(encoder: Any) -> bool:
     """Whether `encoder`'s model has language embeddings (then every sentence needs a language)."""
     return getattr(encoder.config, "num_languages", 0) > 0
 
 
 def embed_layers(encoder: Any, sentences: Sequence[str], layers: Sequence[int], pool: str = "mean",
-                 max_length: int = 128, batch_size: int = 64,
+                 max_length: int | None = None, batch_size: int = 64,
                  lang: str | None = None) -> np.ndarray:
     """Pooled sentence vectors of several layers from one forward pass: [len(layers), N, D].
 
-    Sentences are sorted by length and each batch is padded to a power-of-two length (capped
-    at `max_length`), so few shapes are compiled and little padding is computed; padding does
-    not change the real tokens' states (keys are masked, positions count real tokens only).
-    `lang` is the sentences' language, passed on as `lang_ids` to a model with language
-    embeddings (where it is required) and ignored otherwise.
+    `encoder.embed_layers` (`xlm_jax.encoder.Encoder`), the one sentence-embedding path that
+    `Encoder.embed` takes too; `max_length` None is its default (`DEFAULT_MAX_LENGTH`, capped
+    at the model's position table). `lang` is the sentences' language, required by a model
+    with language embeddings and ignored otherwise.
     """
-    if pool not in POOLS:
-        raise ValueError(f"pool={pool!r} is not one of {', '.join(POOLS)}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be >= 1")
-    limit = encoder.config.max_sequence_length
-    if limit is not None and max_length > limit:
-        raise ValueError(f"max_length={max_length} exceeds the model's position table "
-                         f"(max {limit} tokens)")
-    uses_languages = _uses_languages(encoder)
-    if uses_languages and lang is not None:
-        encoder.lang_id(lang)  # an unknown language fails before any work
-    tok = encoder.tokenizer
-    n = len(sentences)
-    out = np.zeros((len(layers), n, encoder.config.hidden_size), np.float32)
-    if n == 0:
-        return out
-    lengths = np.array([len(tok.encode(s)) + 2 for s in sentences])
-    order = np.argsort(lengths, kind="stable")
-    rows = min(batch_size, _next_pow2(n))  # a fixed batch shape: few compilations
-    layer_idx = np.asarray(layers)
-    for start in range(0, n, rows):
-        idx = order[start:start + rows]
-        width = min(max_length, max(8, _next_pow2(int(lengths[idx].max()))))
-        texts = [sentences[i] for i in idx] + [""] * (rows - len(idx))
-        ids, mask = tok.encode_batch(texts, width)
-        if uses_languages:
-            hidden = encoder.hidden_states(ids, mask, encoder.lang_ids_for(lang, mask))
-        else:
-            hidden = encoder.hidden_states(ids, mask)
-        hidden = hidden[layer_idx]  # [len(layers), rows, T, D]
-        out[:, idx] = _pool(hidden, mask, pool)[:, :len(idx)]
-    return out
+    return encoder.embed_layers(sentences, layers, pool=pool, max_length=max_length,
+                                batch_size=batch_size, lang=lang)
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -320,7 +279,7 @@ def check_layer(layer: int | str, num_layers: int) -> list[int]:
 
 
 def _embed_keyed(encoder: Any, keys: Sequence[tuple[str | None, str]], layers: Sequence[int],
-                 pool: str, max_length: int, batch_size: int) -> np.ndarray:
+                 pool: str, max_length: int | None, batch_size: int) -> np.ndarray:
     """`embed_layers` of (language, sentence) keys, one run per language (None: a model
     without language embeddings, all in one run): [len(layers), len(keys), D]."""
     out = np.zeros((len(layers), len(keys), encoder.config.hidden_size), np.float32)
@@ -334,9 +293,9 @@ def _embed_keyed(encoder: Any, keys: Sequence[tuple[str | None, str]], layers: S
 
 
 def evaluate(encoder: Any, tatoeba_dir: str, layers: int | str | Sequence[int] = "all",
-             languages: Sequence[str] | None = None, pool: str = "mean", max_length: int = 128,
-             batch_size: int = 64, checkpoint: str | None = None,
-             step: int | None = None) -> RetrievalResult:
+             languages: Sequence[str] | None = None, pool: str = "mean",
+             max_length: int | None = None, batch_size: int = 64,
+             checkpoint: str | None = None, step: int | None = None) -> RetrievalResult:
     """Scores Tatoeba retrieval for `encoder` (an `xlm_jax.encoder.Encoder`).
 
     `layers` is one layer, "all", or a list of layers (several are reported like "all", over
@@ -344,7 +303,8 @@ def evaluate(encoder: Any, tatoeba_dir: str, layers: int | str | Sequence[int] =
     language's sentences are embedded once for all layers. A model with language embeddings
     gets the language of each side (xx, and `en` for English; see the module docstring); a
     language missing from its language list is a ValueError naming it, raised before any
-    sentence is embedded.
+    sentence is embedded. `pool`, `max_length` (None: `DEFAULT_MAX_LENGTH`, capped at the
+    model's position table) and `batch_size` go to `Encoder.embed_layers`.
     """
     num_layers = encoder.config.num_layers
     if isinstance(layers, (int, str)):
@@ -546,7 +506,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--languages", default=None,
                    help="comma-separated, e.g. de,fr (default: all found)")
     p.add_argument("--pool", default="mean", choices=POOLS)
-    p.add_argument("--max_length", type=int, default=128)
+    p.add_argument("--max_length", type=int, default=None,
+                   help="tokens per sentence with <s> and </s>, longer ones truncated (default: "
+                        "xlm_jax.encoder.DEFAULT_MAX_LENGTH, capped at the model's positions)")
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--language_list", default=None,
                    help="lang_ids table of a model with language embeddings: comma-separated "
