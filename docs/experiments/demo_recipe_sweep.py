@@ -65,7 +65,7 @@ p.add_argument("--xlco_q", type=int, default=1024)
 p.add_argument("--xlco_pool", default="cls")
 p.add_argument("--xlco_norm", type=int, default=0)
 p.add_argument("--xlco_inbatch", type=int, default=0)
-p.add_argument("--proj", type=int, default=0, help="projection_dim of the model (XLCo head)")
+p.add_argument("--proj", type=int, default=0, help="projection_dim of the XLCo objective's head")
 p.add_argument("--save", default="")
 a = p.parse_args()
 print(vars(a), flush=True)
@@ -134,7 +134,7 @@ def gen_pair():
 
 cfg = get_config("tiny", vocab_size=tok.vocab_size, num_layers=a.layers, hidden_size=a.hidden,
                  mlp_dim=a.mlp, num_heads=a.heads, dropout_rate=a.dropout,
-                 ln_style=a.ln, projection_dim=a.proj)
+                 ln_style=a.ln)
 net = Transformer(cfg)
 objs = [T.WeightedObjective(MaskedLM(net, "mmlm", "mono", a.mask, int(np.ceil(a.mask * a.seq)) + 2), a.mono_w),
         T.WeightedObjective(MaskedLM(net, "tlm", "pair", a.mask, int(np.ceil(a.mask * a.seq)) + 2), a.tlm_w)]
@@ -142,7 +142,7 @@ objs = [T.WeightedObjective(MaskedLM(net, "mmlm", "mono", a.mask, int(np.ceil(a.
 class PairContrast(Objective):
     """In-batch InfoNCE between mean-pooled sides of translation pairs (no queue, no momentum):
     an upper bound on what a sentence-level cross-lingual signal does to retrieval here."""
-    name, stream = "xlco", "xlco"
+    name, kind = "xlco", "veco"
 
     def prepare(self, batch, rng):
         return batch
@@ -157,8 +157,9 @@ class PairContrast(Objective):
             w = (ids != PAD).astype(h.dtype)[..., None]
             v = (h * w).sum(1) / w.sum(1)
             return v / jnp.linalg.norm(v, axis=-1, keepdims=True)
-        s = net.apply({"params": params}, prepared["src_ids"], method=pooled, rngs={"dropout": rng})
-        t = net.apply({"params": params}, prepared["tgt_ids"], method=pooled, rngs={"dropout": rng})
+        enc = self.encoder_params(params)
+        s = net.apply({"params": enc}, prepared["src_ids"], method=pooled, rngs={"dropout": rng})
+        t = net.apply({"params": enc}, prepared["tgt_ids"], method=pooled, rngs={"dropout": rng})
         logits = s @ t.T / a.xlco_tau
         lab = jnp.arange(s.shape[0])
         l1 = -jnp.take_along_axis(jax.nn.log_softmax(logits, -1), lab[:, None], -1).sum()
@@ -180,10 +181,11 @@ def pair_batch(bs, seq):
 if a.xlco_w > 0 and a.xlco_lib:
     from xlm_jax.objectives.xlco import XLCo
     objs.append(T.WeightedObjective(XLCo(
-        net, name="xlco", stream="veco", layer=None if a.xlco_layer < 0 else a.xlco_layer,
+        net, name="xlco", kind="veco", layer=None if a.xlco_layer < 0 else a.xlco_layer,
         temperature=a.xlco_tau, queue_size=a.xlco_q, momentum=a.xlco_m, mask_prob=a.mask,
         max_predictions=int(np.ceil(a.mask * (a.seq // 2))) + 2, pooling=a.xlco_pool,
-        normalize=bool(a.xlco_norm), in_batch_negatives=bool(a.xlco_inbatch)), a.xlco_w))
+        normalize=bool(a.xlco_norm), in_batch_negatives=bool(a.xlco_inbatch),
+        projection_dim=a.proj), a.xlco_w))
 elif a.xlco_w > 0:
     objs.append(T.WeightedObjective(PairContrast(), a.xlco_w))
 ocfg = optim.OptimizerConfig(learning_rate=a.lr, schedule=a.schedule, warmup_steps=a.warmup,
@@ -200,7 +202,7 @@ EVAL_LANGS = a.langs.split(",") if a.langs else None
 
 def evaluate(params, tag):
     t0 = time.time()
-    enc = Encoder(config=cfg, params=params, path=edir)
+    enc = Encoder(config=cfg, params=params["encoder"], path=edir)
     res = retrieval.evaluate(enc, D + "/tatoeba", layers="all", languages=EVAL_LANGS)
     pl = res.per_layer
     print(f"[{tag}] retrieval per layer: " + " ".join(f"{k}:{100*v:.1f}" for k, v in pl.items())
@@ -232,4 +234,4 @@ for i in range(1, a.steps + 1):
         tw = time.time()
 if a.save:
     with open(a.save, "wb") as f:
-        pickle.dump((cfg, jax.device_get(state.params)), f)
+        pickle.dump((cfg, jax.device_get(state.params["encoder"])), f)

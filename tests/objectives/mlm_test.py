@@ -34,7 +34,7 @@ def test_tlm_loss_equals_full_logits_at_masked_positions():
     model = Transformer(cfg)
     batch = synthetic_batch(4, 32, 300, "pair", seed=1)
     params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch["input_ids"])["params"])
-    obj = MaskedLM(model, name="tlm", stream="pair", max_predictions=8)
+    obj = MaskedLM(model, name="tlm", kind="pair", max_predictions=8)
     prep = obj.prepare(batch, jax.random.PRNGKey(3))
     # corrupted inputs differ from the originals exactly where targets sit (or keep 10%)
     sel = np.zeros((4, 32), bool)
@@ -46,7 +46,8 @@ def test_tlm_loss_equals_full_logits_at_masked_positions():
     assert (np.asarray(prep["input_ids"])[~sel] == batch["input_ids"][~sel]).all()
     assert w.sum() > 0
 
-    out = obj.loss(params, prep, jax.random.PRNGKey(4), {}, deterministic=True)
+    out = obj.loss({"encoder": params, "objectives": {}}, prep, jax.random.PRNGKey(4), {},
+                   deterministic=True)
 
     def full(mdl):
         h = mdl.encode(prep["input_ids"], positions=prep["positions"],

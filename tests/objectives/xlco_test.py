@@ -6,22 +6,27 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xlm_jax.data.pipeline import BOS_ID, EOS_ID, PAD_ID
+from xlm_jax.data.features import BOS_ID, EOS_ID, PAD_ID
 from xlm_jax.data.synthetic import synthetic_batch
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.xlco import XLCo
+from xlm_jax.train.trainer import WeightedObjective, init_params
 
 CFG = get_config("tiny", vocab_size=64, num_layers=3, hidden_size=32, num_heads=4, mlp_dim=64,
-                 max_positions=40, dropout_rate=0.0, attention_dropout_rate=0.0,
-                 projection_dim=16)
+                 max_positions=40, dropout_rate=0.0, attention_dropout_rate=0.0)
 
 
-def _setup(queue_size=8, **kw):
+def _setup(queue_size=8, projection_dim=16, **kw):
+    """The model, the objective and the train-state params {encoder, objectives: {xlco}}."""
     net = Transformer(CFG)
-    obj = XLCo(net, queue_size=queue_size, **kw)
-    params = net.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"]
+    obj = XLCo(net, queue_size=queue_size, projection_dim=projection_dim, **kw)
+    params = init_params(net, [WeightedObjective(obj)], 8, jax.random.PRNGKey(0))
     return net, obj, nn.meta.unbox(params)
+
+
+def _kernel(params):
+    return params["objectives"]["xlco"]["dense"]["kernel"]
 
 
 def _perturbed(tree, seed, scale=0.05):
@@ -32,20 +37,21 @@ def _perturbed(tree, seed, scale=0.05):
 
 def _numpy_rep(net, params, ids, layer):
     """`<s>` state of `layer` (from the model's hidden states) times the projection, in numpy."""
-    out = net.apply({"params": params}, jnp.asarray(ids), return_hidden_states=True,
+    out = net.apply({"params": params["encoder"]}, jnp.asarray(ids), return_hidden_states=True,
                     method=Transformer.encode)
     cls = np.asarray(out.hidden_states[layer])[:, 0].astype(np.float64)
-    return cls @ np.asarray(params["projection"]["dense"]["kernel"], np.float64)
+    return cls @ np.asarray(_kernel(params), np.float64)
 
 
-@pytest.mark.parametrize("stream, normalize, in_batch", [
+@pytest.mark.parametrize("kind, normalize, in_batch", [
     ("mixup", False, False), ("veco", False, False), ("mixup", True, False), ("veco", True, True)])
-def test_loss_is_infonce_against_the_queue(stream, normalize, in_batch):
-    net, obj, params = _setup(stream=stream, layer=2, temperature=0.25, mask_prob=0.0,
+def test_loss_is_infonce_against_the_queue(kind, normalize, in_batch):
+    net, obj, params = _setup(kind=kind, layer=2, temperature=0.25, mask_prob=0.0,
                               normalize=normalize, in_batch_negatives=in_batch)
-    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(4, 16, 64, kind=stream, seed=3).items()}
+    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(4, 16, 64, kind=kind, seed=3).items()}
     state = jax.tree_util.tree_map(lambda x: x, nn.meta.unbox(obj.init_state(params)))
     state["key_params"] = _perturbed(params, 1)  # a key encoder that differs from the query's
+    assert state["key_params"].keys() == params.keys()
     queue = np.asarray(jax.random.normal(jax.random.PRNGKey(2), (8, 16)))
     state["queue"], state["filled"] = jnp.asarray(queue, jnp.float32), jnp.int32(8)
     prepared = obj.prepare(batch, jax.random.PRNGKey(4))
@@ -72,13 +78,13 @@ def test_loss_is_infonce_against_the_queue(stream, normalize, in_batch):
 
 
 def test_mean_pooling_without_projection_uses_the_rows_tokens():
-    cfg = CFG.replace(projection_dim=0)
-    net = Transformer(cfg)
-    obj = XLCo(net, stream="veco", layer=1, mask_prob=0.0, pooling="mean", queue_size=4)
-    params = nn.meta.unbox(net.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"])
+    net, obj, params = _setup(kind="veco", layer=1, mask_prob=0.0, pooling="mean",
+                              queue_size=4, projection_dim=0)
+    assert obj.modules() == {} and params["objectives"] == {}
     batch = {k: jnp.asarray(v) for k, v in synthetic_batch(2, 12, 64, kind="veco", seed=0).items()}
     vec = obj.represent(params, batch, "y_", jax.random.PRNGKey(0), True)
-    h = np.asarray(net.apply({"params": params}, batch["y_input_ids"], return_hidden_states=True,
+    h = np.asarray(net.apply({"params": params["encoder"]}, batch["y_input_ids"],
+                             return_hidden_states=True,
                              method=Transformer.encode).hidden_states[1])
     valid = np.asarray(batch["y_input_ids"]) != PAD_ID
     want = (h * valid[..., None]).sum(1) / valid.sum(1, keepdims=True)
@@ -103,8 +109,8 @@ def test_loss_is_off_until_the_queue_is_full():
 def test_after_update_is_ema_then_ring_buffer():
     net, obj, params = _setup(queue_size=8, momentum=0.9)
     state = nn.meta.unbox(obj.init_state(params))
-    np.testing.assert_array_equal(np.asarray(state["key_params"]["projection"]["dense"]["kernel"]),
-                                  np.asarray(params["projection"]["dense"]["kernel"]))
+    np.testing.assert_array_equal(np.asarray(_kernel(state["key_params"])),
+                                  np.asarray(_kernel(params)))
     rng = np.random.default_rng(0)
     batches = [rng.normal(size=(4, 16)).astype(np.float32) for _ in range(3)]
     new = _perturbed(params, 7)
@@ -159,7 +165,8 @@ def test_both_rows_are_masked_and_specials_kept():
 
 
 @pytest.mark.parametrize("kw, match", [
-    ({"stream": "pair"}, r"stream='pair' must be one of mixup, veco"),
+    ({"kind": "pair"}, r"kind='pair' must be one of mixup, veco"),
+    ({"projection_dim": -1}, r"projection_dim=-1 is out of range"),
     ({"layer": 4}, r"layer=4 is outside 0..3"),
     ({"temperature": 0.0}, r"temperature=0.0 is out of range"),
     ({"momentum": 1.0}, r"momentum=1.0 is out of range"),

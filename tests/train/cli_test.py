@@ -41,12 +41,28 @@ def _params(model_dir):
             jax.tree_util.tree_flatten_with_path(hf.load_xlm_jax(model_dir)[1])[0]}
 
 
-def test_sigkill_then_resume_is_exact(tmp_path):
+def _state(model_dir):
+    """Every array of the final train state (encoder, objective modules, optimizer, objective
+    state), by path."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    from xlm_jax.convert import hf
+
+    with ocp.StandardCheckpointer() as ckptr:
+        state = ckptr.restore(hf.trainer_state_dir(model_dir))
+    return {jax.tree_util.keystr(p): np.asarray(v) for p, v in
+            jax.tree_util.tree_flatten_with_path(state)[0]}
+
+
+def _sigkill_resume(tmp_path, gin_file):
+    """A 20-step run straight, and one SIGKILLed after its step-10 checkpoint then resumed:
+    the losses and every array of the final state are bit-identical. Returns both dirs."""
     straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
-    r = _run([SYNTH, f"--model_dir={straight}"])
+    r = _run([gin_file, f"--model_dir={straight}"])
     assert r.returncode == 0, r.stderr[-3000:]
 
-    proc = subprocess.Popen([sys.executable, "-m", "xlm_jax.train", SYNTH,
+    proc = subprocess.Popen([sys.executable, "-m", "xlm_jax.train", gin_file,
                              f"--model_dir={killed}"], cwd=ROOT,
                             env=_env(XLM_JAX_DEBUG_STALL_AT_STEP="10"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -59,7 +75,7 @@ def test_sigkill_then_resume_is_exact(tmp_path):
     assert proc.wait(60) == -signal.SIGKILL
     assert max(_losses(killed)) == 10
 
-    r = _run([SYNTH, f"--model_dir={killed}"])
+    r = _run([gin_file, f"--model_dir={killed}"])
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = _losses(straight), _losses(killed)
     assert sorted(a) == sorted(b) == list(range(1, 21))
@@ -68,6 +84,24 @@ def test_sigkill_then_resume_is_exact(tmp_path):
     assert pa.keys() == pb.keys()
     for k in pa:
         np.testing.assert_array_equal(pa[k], pb[k], err_msg=k)
+    sa, sb = _state(straight), _state(killed)
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
+    return straight, killed, a
+
+
+def test_objective_module_survives_sigkill_and_resumes_exactly(tmp_path):
+    """tests/testlib/probe.gin: MMLM + a test objective with a head of its own."""
+    straight, _, _ = _sigkill_resume(tmp_path, "--gin_file=tests/testlib/probe.gin")
+    state = _state(straight)
+    head = [k for k in state if "'objectives']['probe_head']" in k and "'params'" in k]
+    assert head and any("kernel" in k for k in head)  # the module's own parameters are saved
+    assert any("'opt_state'" in k and "probe_head" in k for k in state)  # and optimised
+
+
+def test_sigkill_then_resume_is_exact(tmp_path):
+    straight, killed, a = _sigkill_resume(tmp_path, SYNTH)
 
     # TensorBoard event files of the real run hold the same losses.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

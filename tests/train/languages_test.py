@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tiny_run import mlm_objectives, train_tiny
+from testlib.tiny_run import mlm_objectives, train_tiny
 from xlm_jax.train import data as data_lib, optim
 
 pytest.importorskip("seqio")

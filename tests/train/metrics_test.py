@@ -22,7 +22,7 @@ def _read_tb(logdir):
 
 def test_scalars_round_trip_through_tensorboard_and_jsonl(tmp_path):
     losses = [5.25, 4.5, 3.875, 3.0625]
-    with metrics.MetricsWriter(str(tmp_path), stream=io.StringIO()) as w:
+    with metrics.MetricsWriter(str(tmp_path), out=io.StringIO()) as w:
         for i, loss in enumerate(losses):
             # numpy scalars (what device_get gives) and python floats are both accepted.
             w.write_scalars(10 * (i + 1), {"loss": np.float32(loss), "lr": 1e-4 * (i + 1)})
@@ -43,11 +43,11 @@ def test_scalars_round_trip_through_tensorboard_and_jsonl(tmp_path):
 
 def test_jsonl_appends_across_writers_and_eval_is_echoed(tmp_path):
     out = io.StringIO()
-    w = metrics.MetricsWriter(str(tmp_path), stream=out)
+    w = metrics.MetricsWriter(str(tmp_path), out=out)
     w.write_scalars(1, {"loss": 1.0})
     w.close()
     w.close()  # idempotent
-    w2 = metrics.MetricsWriter(str(tmp_path), stream=out)  # a restart appends
+    w2 = metrics.MetricsWriter(str(tmp_path), out=out)  # a restart appends
     w2.write_scalars(2, {"xnli_acc": 0.8125}, prefix="eval")
     w2.close()
     steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -60,11 +60,11 @@ def test_jsonl_appends_across_writers_and_eval_is_echoed(tmp_path):
 def test_non_primary_writes_nothing(tmp_path):
     out = io.StringIO()
     model_dir = tmp_path / "run"
-    w = metrics.MetricsWriter(str(model_dir), is_primary=False, stream=out)
+    w = metrics.MetricsWriter(str(model_dir), is_primary=False, out=out)
     w.write_scalars(1, {"loss": 1.0})
     w.write_scalars(1, {"acc": 1.0}, prefix="eval")
     w.close()
-    p = metrics.Progress(10, stream=out, log_every=1, is_primary=False)
+    p = metrics.Progress(10, out=out, log_every=1, is_primary=False)
     p.update(10, {"loss": 1.0})
     p.close()
     assert not model_dir.exists()
@@ -72,7 +72,7 @@ def test_non_primary_writes_nothing(tmp_path):
 
 
 def test_bad_values_and_dirs_name_the_problem(tmp_path):
-    w = metrics.MetricsWriter(str(tmp_path / "ok"), stream=io.StringIO())
+    w = metrics.MetricsWriter(str(tmp_path / "ok"), out=io.StringIO())
     with pytest.raises(ValueError, match=r"metric 'loss': value 'high' is not a scalar number"):
         w.write_scalars(1, {"loss": "high"})
     with pytest.raises(ValueError, match=r"metric 'v': value .* is not a scalar number"):
@@ -97,7 +97,7 @@ class _Stream(io.StringIO):
 
 def test_progress_plain_lines_every_n_steps():
     out = _Stream(tty=False)
-    p = metrics.Progress(25, stream=out, log_every=10)
+    p = metrics.Progress(25, out=out, log_every=10)
     for step in range(1, 26):
         p.update(step, {"loss": 2.0})
     p.close()
@@ -109,7 +109,7 @@ def test_progress_plain_lines_every_n_steps():
 
 def test_progress_bar_rewrites_one_line_on_a_tty():
     out = _Stream(tty=True)
-    p = metrics.Progress(4, stream=out, min_interval_s=0.0)
+    p = metrics.Progress(4, out=out, min_interval_s=0.0)
     for step in range(1, 5):
         p.update(step, {"loss": 1.5})
     p.close()

@@ -265,6 +265,24 @@ def test_layerwise_factors_follow_formula():
     assert factors["mlm_head/bias"] == 1.0
 
 
+def test_llrd_is_scoped_to_the_encoder_and_modules_get_their_multiplier():
+    """In a train state, an objective module's `layers_0` (a generator's) is not an encoder
+    layer: it gets its module multiplier (default 1), the encoder gets the decay."""
+    cfg = optim.OptimizerConfig(layerwise_lr_decay=0.9, num_layers=2,
+                                module_lr_multipliers={"generator": 0.5})
+    enc = ("encoder", "layers_0", "mlp", "output", "kernel")
+    assert optim.lr_factor(enc, cfg) == pytest.approx(0.9 ** 2)
+    assert optim.lr_factor(("objectives", "generator", "layers_0", "mlp", "kernel"), cfg) == 0.5
+    assert optim.lr_factor(("objectives", "xlco", "dense", "kernel"), cfg) == 1.0
+    assert optim.lr_factor(("opt", "objectives"), cfg) == pytest.approx(0.9 ** 0)  # a leaf name
+    params = {"encoder": _params(), "objectives": {"generator": _params()}}
+    factors = _flat(optim.layerwise_lr_factors(params, NUM_LAYERS, 0.9))
+    assert factors["encoder/embeddings/word_embeddings/embedding"] == pytest.approx(0.729)
+    assert factors["objectives/generator/embeddings/word_embeddings/embedding"] == 1.0
+    with pytest.raises(ValueError, match=r"module_lr_multipliers\['generator'\]=0 is invalid"):
+        optim.OptimizerConfig(module_lr_multipliers={"generator": 0})
+
+
 def test_global_norm_matches_numpy():
     params = _params(boxed=True)
     want = math.sqrt(sum(float(np.sum(np.asarray(x, np.float64) ** 2))

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tiny_run import assert_trees_close as _assert_trees_close
-from tiny_run import mlm_objectives as _objectives
-from tiny_run import train_tiny as _train
+from testlib.tiny_run import assert_trees_close as _assert_trees_close
+from testlib.tiny_run import mlm_objectives as _objectives
+from testlib.tiny_run import train_tiny as _train
 from xlm_jax.objectives.mlm import MaskedLM
 from xlm_jax.train import data as data_lib
 from xlm_jax.train import loop, partitioning

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from tiny_run import TINY_MODEL, mlm_objectives, train_tiny
+from testlib.tiny_run import TINY_MODEL, mlm_objectives, train_tiny
 from xlm_jax.convert import hf
 from xlm_jax.train import partitioning
 

@@ -295,6 +295,9 @@ def read_language_file(path: str) -> list[str]:
 def read_model_config(path: str) -> ModelConfig:
     with open(path) as f:
         raw = json.load(f)
+    # Before objective-owned modules, InfoXLM's projection was a model field; the projection
+    # now belongs to the XLCo objective and the encoder never had it in its exported weights.
+    raw.pop("projection_dim", None)
     known = set(ModelConfig.__dataclass_fields__)
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -314,10 +317,20 @@ def load_xlm_jax(model_dir: str, step: int | None = None) -> tuple[ModelConfig, 
         params_dir = trainer_state_dir(model_dir, step)
     with ocp.StandardCheckpointer() as ckptr:
         params = ckptr.restore(params_dir)
-    if "params" in params and "embeddings" not in params:
-        params = params["params"]
+    params = encoder_subtree(params)
     check_params(params, cfg, source=model_dir)
     return cfg, params
+
+
+def encoder_subtree(tree: Mapping[str, Any]) -> Params:
+    """The encoder's parameters of a saved tree: a train state (`params/encoder/...`; before
+    objective-owned modules, `params/...` held the encoder alone and still loads), a
+    `{encoder, objectives}` params tree, or encoder parameters themselves."""
+    if "params" in tree and "embeddings" not in tree:
+        tree = tree["params"]
+    if "encoder" in tree and "embeddings" not in tree:
+        tree = tree["encoder"]
+    return tree
 
 
 def checkpoint_steps(model_dir: str) -> list[int]:

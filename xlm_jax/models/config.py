@@ -1,8 +1,10 @@
 """Model configuration: one frozen dataclass, named sizes, validated on creation.
 
 Every field has a comment saying what it controls; `get_config("base", dropout_rate=0.0)`
-returns a named size with overrides. Sizes follow the papers: `base`/`large` are XLM-R's,
-`xl` is XLM-R XL's, `small` is the 6-layer model used for quick ablations and `tiny` runs on a
+returns a named size with overrides. Sizes follow the papers: `base`/`large` are XLM-R's (and
+the XLM-E/InfoXLM base/large widths), `xl` is XLM-E XL's discriminator (XLM-E paper Table 9:
+48 layers, d=1536, FFN 6144, 24 heads; XLM-R XL is a different, 2560-wide model), `small` is
+the 6-layer model used for quick ablations (ERNIE-M small, paper Table 11) and `tiny` runs on a
 CPU in minutes (the demo).
 """
 from __future__ import annotations
@@ -48,9 +50,6 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype of activations: float32 | bfloat16 | float16
     param_dtype: str = "float32"  # storage dtype of parameters (keep fp32 for training)
     initializer_range: float = 0.02  # stddev of the normal initialiser (BERT/XLM-R)
-    # >0 adds a bias-free linear head hidden_size -> projection_dim (InfoXLM's XLCo projection,
-    # `Transformer.project`); a pre-training head only: HF export leaves it out. 0 = none.
-    projection_dim: int = 0
 
     def __post_init__(self) -> None:
         def bad(field: str, value: Any, why: str) -> ValueError:
@@ -65,9 +64,6 @@ class ModelConfig:
         if self.hidden_size % self.num_heads:
             raise bad("hidden_size", self.hidden_size,
                       f"must be divisible by num_heads={self.num_heads}")
-        if not isinstance(self.projection_dim, int) or self.projection_dim < 0:
-            raise bad("projection_dim", self.projection_dim,
-                      "must be 0 (no projection head) or a positive integer")
         if self.num_languages < 0 or self.num_languages == 1:
             raise bad("num_languages", self.num_languages,
                       "must be 0 (no language embeddings) or >= 2 (row 0 is padding, then one "

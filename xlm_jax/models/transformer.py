@@ -260,15 +260,11 @@ class Transformer(nn.Module):
             self.final_norm = layer_norm(cfg, "final_norm")
         if self.with_mlm_head:
             self.mlm_head = heads_lib.MLMHead(cfg)
-        if cfg.projection_dim:
-            self.projection = heads_lib.ProjectionHead(cfg, features=cfg.projection_dim)
 
     def __call__(self, input_ids: Array, **kwargs: Any) -> EncoderOutput:
         out = self.encode(input_ids, **kwargs)
         if self.with_mlm_head and self.is_initializing():
             self.mlm_logits(out.last_hidden_state, jnp.zeros(input_ids.shape[:1] + (1,), jnp.int32))
-        if self.config.projection_dim and self.is_initializing():
-            self.project(out.last_hidden_state[:, 0])
         return out
 
     def encode(self, input_ids: Array, *, positions: Array | None = None,
@@ -324,12 +320,6 @@ class Transformer(nn.Module):
         V' = `config.padded_vocab_size`, the padding ids' logits are -1e9."""
         gathered = jnp.take_along_axis(hidden, positions[..., None], axis=1)
         return self.mlm_head(gathered, self.embeddings.word_embeddings)
-
-    def project(self, x: Array) -> Array:
-        """The sentence projection head (`config.projection_dim` > 0): [..., D] -> [..., P]."""
-        if not self.config.projection_dim:
-            raise ValueError("Transformer.project needs a model with projection_dim > 0")
-        return self.projection(x)
 
     def full_mlm_logits(self, hidden: Array) -> Array:
         """Logits at every position [B, T, V'] — for evaluation/parity only, never in training."""

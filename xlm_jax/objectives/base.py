@@ -1,5 +1,23 @@
 """The objective interface the trainer calls; it knows nothing about any one paper.
 
+Parameters: the train state's `params` is `{"encoder": <Transformer params>, "objectives":
+{module name: <params of that objective-owned module>}}`. An objective reads the shared encoder
+through `encoder_params(params)` and its own modules (a generator, a head, a projection)
+through `module_params(params, name)`; gradients flow to whatever its loss touches, so a
+generator that reads the encoder's word embeddings (XLM-E's tied embeddings) trains them too.
+What an objective declares, the trainer checks before compiling (each error names the
+objective and the offending name):
+- `kind`: the example kind of its data (`xlm_jax.data.features.KINDS`: mono, pair, veco,
+  mixup); every seqio task it is given must be registered with that kind;
+- `modules()`: `{name: flax module}` it owns; `init_modules` initialises them (boxed, with
+  logical axis names). Module names are one namespace over the mixture: two objectives may
+  use one name only if both list it in `shared_modules` and declare identical shapes (XLM-E's
+  MRTD and TRTD share a generator); otherwise it is an error;
+- `logical_axis_rules()`: rules for the logical axis names its modules and state introduce
+  (the XLCo queue), merged into the run's rule table; a name without a rule is an error;
+- `encoder_params_used`: paths of encoder parameters it reads directly (tied embeddings),
+  checked to exist.
+
 An objective turns one batch of its data stream into a loss. It is split in two so that
 gradient accumulation is exact:
 - `prepare(batch, rng)` corrupts the *global* batch on device (masking, sampling) before it is
@@ -19,10 +37,14 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax
+import flax.linen as nn
 import jax
+
+from xlm_jax.data.features import KINDS, feature_names
 
 Array = jax.Array
 Batch = dict[str, Array]
@@ -40,11 +62,83 @@ class LossOutput:
     state_inputs: dict[str, Array] = dataclasses.field(default_factory=dict)
 
 
+ENCODER = "encoder"  # params["encoder"]: the shared Transformer
+OBJECTIVES = "objectives"  # params["objectives"][module name]: objective-owned modules
+
+
+def check_kind(owner: str, kind: str, allowed: Sequence[str] = KINDS) -> str:
+    """`kind` if it is one of `allowed`, else a ValueError naming `owner` and the value."""
+    if kind not in allowed:
+        raise ValueError(f"{owner}: kind={kind!r} must be one of {', '.join(allowed)}")
+    return kind
+
+
 class Objective(abc.ABC):
-    """Base class: subclasses set `name` and `stream` and implement `prepare` and `loss`."""
+    """Base class: subclasses set `name` and `kind` and implement `prepare`, `denominator`
+    and `loss`; objectives with modules of their own also implement `modules` and
+    `example_inputs`."""
 
     name: str = "objective"
-    stream: str = "mono"  # which kind of batch feeds it: "mono" | "pair" | ...
+    kind: str = "mono"  # the example kind of its data: mono | pair | veco | mixup
+    shared_modules: tuple[str, ...] = ()  # module names it shares with other objectives
+    encoder_params_used: tuple[str, ...] = ()  # e.g. ("embeddings/word_embeddings/embedding",)
+
+    # -- declarations ---------------------------------------------------------------------
+
+    def features(self) -> tuple[str, ...]:
+        """The batch features it reads; by default every feature of its kind."""
+        return feature_names(self.kind)
+
+    def modules(self) -> Mapping[str, nn.Module]:
+        """Flax modules this objective owns, by name (their params live in
+        `params["objectives"][name]`); none by default."""
+        return {}
+
+    def example_inputs(self, name: str) -> tuple[Any, ...]:
+        """Positional inputs with which `modules()[name].init` builds its parameters."""
+        raise NotImplementedError(f"objective {self.name!r} declares module {name!r} but does "
+                                  "not implement example_inputs")
+
+    def init_modules(self, rng: jax.Array) -> dict[str, Any]:
+        """`{name: boxed params}` of `modules()`; override for modules initialised through a
+        method other than `__call__`."""
+        out = {}
+        for i, (name, module) in enumerate(sorted(self.modules().items())):
+            out[name] = module.init(jax.random.fold_in(rng, i), *self.example_inputs(name))[
+                "params"]
+        return out
+
+    def logical_axis_rules(self) -> Sequence[tuple[str, Any]]:
+        """Rules (logical name -> mesh axes) for names its modules and state introduce."""
+        return ()
+
+    # -- parameter access -----------------------------------------------------------------
+
+    @staticmethod
+    def encoder_params(params: Mapping[str, Any]) -> Any:
+        """The shared encoder's parameters of a train-state `params` tree."""
+        return params[ENCODER]
+
+    def module_params(self, params: Mapping[str, Any], name: str) -> Any:
+        """The parameters of the objective module `name`."""
+        try:
+            return params[OBJECTIVES][name]
+        except KeyError:
+            raise KeyError(f"objective {self.name!r}: no parameters for module {name!r}; "
+                           f"modules in the state: {sorted(params.get(OBJECTIVES, {}))}"
+                           ) from None
+
+    def encoder_param(self, params: Mapping[str, Any], path: str) -> Any:
+        """One encoder parameter by '/'-separated path (list it in `encoder_params_used`)."""
+        node = params[ENCODER]
+        for part in path.split("/"):
+            if not isinstance(node, Mapping) or part not in node:
+                raise KeyError(f"objective {self.name!r} reads encoder parameter {path!r}, "
+                               "which the encoder does not have")
+            node = node[part]
+        return node
+
+    # -- the computation ------------------------------------------------------------------
 
     @abc.abstractmethod
     def prepare(self, batch: Batch, rng: Array) -> Batch:
@@ -60,8 +154,8 @@ class Objective(abc.ABC):
         """Summed loss of a prepared (micro)batch."""
 
     def init_state(self, params: Any) -> Any:
-        """Objective state (EMA encoders, queues) from the boxed initial parameters (see the
-        module docstring); none by default. Called again with the loaded parameters when a run
+        """Objective state (EMA encoders, queues) from the boxed initial parameters (the whole
+        `{"encoder", "objectives"}` tree; see the module docstring); none by default. Called again with the loaded parameters when a run
         starts from a pretrained checkpoint, so an EMA copy starts from those."""
         return {}
 

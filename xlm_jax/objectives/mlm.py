@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import Batch, LossOutput, Objective
+from xlm_jax.objectives.base import Batch, LossOutput, Objective, check_kind
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
 
 
@@ -34,17 +34,18 @@ def encoder_kwargs(batch: Batch, use_lang_ids: bool = True) -> dict[str, Any]:
 
 
 class MaskedLM(Objective):
-    """Masked LM on one stream; `name="mmlm", stream="mono"` or `name="tlm", stream="pair"`."""
+    """Masked LM on one kind of rows; `name="mmlm", kind="mono"` or `name="tlm", kind="pair"`."""
 
-    def __init__(self, model: Transformer, name: str = "mmlm", stream: str = "mono",
+    def __init__(self, model: Transformer, name: str = "mmlm", kind: str = "mono",
                  mask_prob: float = 0.15, max_predictions: int = 20,
                  use_lang_ids: bool | None = None):
         self.model = model
+        check_kind(f"MaskedLM(name={name!r})", kind, ("mono", "pair"))
         cfg = model.config
         # XLM-R layout: <mask> is the last id of the vocabulary.
         self.masking = MaskingConfig(mask_prob=mask_prob, max_predictions=max_predictions,
                                      mask_id=cfg.vocab_size - 1, vocab_size=cfg.vocab_size)
-        self.name, self.stream = name, stream
+        self.name, self.kind = name, kind
         self.use_lang_ids = cfg.num_languages > 0 if use_lang_ids is None else use_lang_ids
 
     def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
@@ -63,7 +64,8 @@ class MaskedLM(Objective):
             h = mdl.encode(prepared["input_ids"], deterministic=deterministic, **kwargs)
             return mdl.mlm_logits(h.last_hidden_state, prepared["target_positions"])
 
-        logits = self.model.apply({"params": params}, rngs={"dropout": rng}, method=forward)
+        logits = self.model.apply({"params": self.encoder_params(params)}, rngs={"dropout": rng},
+                                  method=forward)
         loss_sum, correct = masked_lm_sums(logits, prepared["target_ids"],
                                            prepared["target_weights"])
         count = jnp.sum(prepared["target_weights"])

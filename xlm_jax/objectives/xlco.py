@@ -1,10 +1,10 @@
 """InfoXLM cross-lingual contrast (XLCo): a momentum key encoder and a queue of negatives.
 
-A translation pair (or, with `stream="mixup"`, InfoXLM's two-pair mixup example) gives a query
+A translation pair (or, with `kind="mixup"`, InfoXLM's two-pair mixup example) gives a query
 row and a key row. The query is encoded by the model being trained, the key by an EMA copy of
 it (the momentum encoder, MoCo-style); both take the `<s>` hidden state of the "universal"
-layer `layer` and, if the model has one (`ModelConfig.projection_dim`), the bias-free linear
-projection. The loss is InfoNCE against the queue of earlier keys:
+layer `layer` and, with `projection_dim` > 0, the bias-free linear projection, a module the
+objective owns (`params["objectives"][name]`). The loss is InfoNCE against the queue of earlier keys:
 
     logits = [q . k+, q . queue] / temperature,   loss = cross-entropy with label 0,
 
@@ -30,48 +30,56 @@ from __future__ import annotations
 
 from typing import Any
 
+from collections.abc import Mapping
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from xlm_jax.data.pipeline import PAD_ID, PREFIXES
+from xlm_jax.data.features import PAD_ID, PREFIXES
 from xlm_jax.models import heads as heads_lib
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import Batch, LossOutput, Objective
+from xlm_jax.objectives.base import ENCODER, OBJECTIVES, Batch, LossOutput, Objective, check_kind
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
 from xlm_jax.objectives.mlm import encoder_kwargs
 
-STREAMS = ("mixup", "veco")  # query_/key_ rows (mixup) or x_/y_ rows (a sentence, its translation)
-QUEUE_AXES = ("queue", "embed_proj")  # logical names of the queue; "queue" is replicated by default
+KINDS = ("mixup", "veco")  # query_/key_ rows (mixup) or x_/y_ rows (a sentence, its translation)
+QUEUE_AXES = ("queue", "embed_proj")  # logical names of the queue
+# The queue is replicated: every query scores every key (131072 x 768 fp32 = 0.4 GB per device
+# at base). A run may shard it with loop.train.axis_rule_overrides.
+QUEUE_RULES = (("queue", None),)
 
 
 class XLCo(Objective):
     """InfoXLM XLCo on a two-row stream; see the module docstring for the computation."""
 
-    def __init__(self, model: Transformer, name: str = "xlco", stream: str = "mixup",
-                 layer: int | None = None, temperature: float = 0.25,
+    def __init__(self, model: Transformer, name: str = "xlco", kind: str = "mixup",
+                 layer: int | None = None, projection_dim: int = 0, temperature: float = 0.25,
                  queue_size: int = 131072, momentum: float = 0.999, mask_prob: float = 0.15,
                  max_predictions: int = 20, pooling: str = "cls", normalize: bool = False,
                  in_batch_negatives: bool = False, use_lang_ids: bool | None = None):
         """
         Args:
-          stream: "mixup" (InfoXLM mixup examples, `query_*`/`key_*` rows) or "veco" (a
+          kind: "mixup" (InfoXLM mixup examples, `query_*`/`key_*` rows) or "veco" (a
             sentence and its translation, `x_*`/`y_*` rows).
           layer: the hidden state used, 0 = embeddings .. num_layers = last (None); InfoXLM
-            uses 8 for base and 12 for large ("universal layer").
-          temperature: tau of the softmax (0.25 in InfoXLM).
-          queue_size: negatives kept (131072 in InfoXLM); a multiple of the global batch; 0 (no
-            queue) only with `in_batch_negatives`.
-          momentum: m of the key encoder's EMA (paper 0.999; released README 0.9999).
+            uses 8 for base and 12 for large ("universal layer", paper Table 10).
+          projection_dim: > 0 adds the bias-free linear projection hidden_size ->
+            projection_dim (module `name`, EMA'd into the key encoder); 0 = none. The paper
+            gives no dimension; unilm's released code projects d -> d.
+          temperature: tau of the softmax (0.25 in unilm's released InfoXLM code; the paper
+            gives none).
+          queue_size: negatives kept (131072, InfoXLM paper Table 10); a multiple of the global
+            batch; 0 (no queue) only with `in_batch_negatives`.
+          momentum: m of the key encoder's EMA (paper Table 10: 0.999; the released README
+            uses 0.9999).
           mask_prob, max_predictions: MLM masking of both rows (0 turns it off).
           pooling: "cls" (`<s>`, InfoXLM) or "mean" (over the row's tokens).
           normalize: L2-normalise queries and keys (MoCo); InfoXLM does not.
           in_batch_negatives: the other rows' keys of the step are negatives too (MoCo v3).
         """
         cfg = model.config
-        if stream not in STREAMS:
-            raise ValueError(f"XLCo(name={name!r}): stream={stream!r} must be one of "
-                             f"{', '.join(STREAMS)} (two aligned rows per example)")
+        check_kind(f"XLCo(name={name!r})", kind, KINDS)
         self.layer = cfg.num_layers if layer is None else layer
         if not 0 <= self.layer <= cfg.num_layers:
             raise ValueError(f"XLCo(name={name!r}): layer={layer} is outside 0..{cfg.num_layers} "
@@ -81,14 +89,16 @@ class XLCo(Objective):
                                   isinstance(queue_size, int)
                                   and (queue_size > 0 or queue_size == 0 and in_batch_negatives)),
                                  ("momentum", momentum, 0.0 <= momentum < 1.0),
+                                 ("projection_dim", projection_dim,
+                                  isinstance(projection_dim, int) and projection_dim >= 0),
                                  ("mask_prob", mask_prob, 0.0 <= mask_prob < 1.0)):
             if not ok:
                 raise ValueError(f"XLCo(name={name!r}): {field}={value!r} is out of range")
         if pooling not in heads_lib.POOLING:
             raise ValueError(f"XLCo(name={name!r}): pooling={pooling!r} must be one of "
                              f"{', '.join(heads_lib.POOLING)}")
-        self.model, self.name, self.stream = model, name, stream
-        self.query_prefix, self.key_prefix = PREFIXES[stream]
+        self.model, self.name, self.kind = model, name, kind
+        self.query_prefix, self.key_prefix = PREFIXES[kind]
         self.temperature, self.queue_size, self.momentum = temperature, queue_size, momentum
         self.pooling, self.normalize = pooling, normalize
         self.in_batch_negatives = in_batch_negatives
@@ -96,13 +106,36 @@ class XLCo(Objective):
                                       mask_id=cfg.vocab_size - 1, vocab_size=cfg.vocab_size)
                         if mask_prob > 0 else None)
         self.use_lang_ids = cfg.num_languages > 0 if use_lang_ids is None else use_lang_ids
-        self.dim = cfg.projection_dim or cfg.hidden_size
+        self.projection_dim = projection_dim
+        self.dim = projection_dim or cfg.hidden_size
+
+    # -- declarations ---------------------------------------------------------------------
+
+    def modules(self) -> dict[str, nn.Module]:
+        if not self.projection_dim:
+            return {}
+        return {self.name: heads_lib.ProjectionHead(self.model.config,
+                                                    features=self.projection_dim)}
+
+    def example_inputs(self, name: str) -> tuple[Any, ...]:
+        return (jnp.zeros((1, self.model.config.hidden_size), self.model.config.compute_dtype),)
+
+    def logical_axis_rules(self) -> tuple[tuple[str, Any], ...]:
+        return QUEUE_RULES if self.queue_size else ()
+
+    def _own_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The parameters XLCo's representation reads: the encoder and its projection."""
+        own = {ENCODER: params[ENCODER]}
+        if self.projection_dim:
+            own[OBJECTIVES] = {self.name: self.module_params(params, self.name)}
+        return own
 
     # -- state ----------------------------------------------------------------------------
 
     def init_state(self, params: Any) -> dict[str, Any]:
-        """Key encoder = a copy of `params` (boxed params keep their sharding), an empty queue."""
-        state = {"key_params": jax.tree_util.tree_map(jnp.array, params)}
+        """Key encoder = a copy of the encoder and projection parameters (boxed params keep
+        their sharding), an empty queue."""
+        state = {"key_params": jax.tree_util.tree_map(jnp.array, self._own_params(params))}
         if self.queue_size:  # (no empty arrays: orbax cannot save zero-size arrays)
             queue = jnp.zeros((self.queue_size, self.dim), jnp.float32)
             state.update(queue=nn.LogicallyPartitioned(queue, names=QUEUE_AXES),
@@ -114,7 +147,7 @@ class XLCo(Objective):
         """EMA of the key encoder, then the step's keys into the ring buffer."""
         m = self.momentum
         key_params = jax.tree_util.tree_map(lambda k, p: m * k + (1.0 - m) * p,
-                                            state["key_params"], params)
+                                            state["key_params"], self._own_params(params))
         keys = inputs["keys"].astype(jnp.float32)
         rows = keys.shape[0]
         if not self.queue_size:
@@ -148,7 +181,8 @@ class XLCo(Objective):
     def represent(self, params: Any, prepared: Batch, prefix: str, rng: jax.Array,
                   deterministic: bool) -> jax.Array:
         """[B, P] sentence vectors of the `prefix` rows: pooled layer `layer`, projected (and
-        L2-normalised with `normalize`)."""
+        L2-normalised with `normalize`). `params` is the train state's tree or the key
+        encoder's (the same layout, restricted to what XLCo reads)."""
         rows = {k[len(prefix):]: v for k, v in prepared.items() if k.startswith(prefix)}
         kwargs = encoder_kwargs(rows, self.use_lang_ids)
 
@@ -157,10 +191,13 @@ class XLCo(Objective):
                              return_hidden_states=True, **kwargs)
             valid = (rows["segment_ids"] > 0 if "segment_ids" in rows
                      else rows["input_ids"] != mdl.config.pad_id)
-            pooled = heads_lib.pool(out.hidden_states[self.layer], valid, self.pooling)
-            return mdl.project(pooled) if mdl.config.projection_dim else pooled
+            return heads_lib.pool(out.hidden_states[self.layer], valid, self.pooling)
 
-        vec = self.model.apply({"params": params}, rngs={"dropout": rng}, method=forward)
+        vec = self.model.apply({"params": params[ENCODER]}, rngs={"dropout": rng},
+                               method=forward)
+        if self.projection_dim:
+            vec = self.modules()[self.name].apply(
+                {"params": self.module_params(params, self.name)}, vec)
         vec = vec.astype(jnp.float32)
         if self.normalize:
             vec = vec / jnp.maximum(jnp.linalg.norm(vec, axis=-1, keepdims=True), 1e-6)

@@ -75,6 +75,14 @@ def check_compatible(saved_metadata_tree: PyTree, abstract_state: PyTree, *,
     """
     saved = _flat_shapes(saved_metadata_tree)
     want = _flat_shapes(abstract_state)
+    where = f"checkpoint {directory or '<unknown dir>'} step {step}"
+    if (any(k.startswith("params/embeddings/") for k in saved)
+            and any(k.startswith("params/encoder/") for k in want)):
+        raise ValueError(
+            f"{where} was written before parameters were split into {{encoder, objectives}} "
+            "(objective-owned modules); a run cannot resume across that change. Start a new "
+            "model_dir with loop.train.init_from set to this model_dir: it loads the encoder "
+            "weights (the optimizer and objective state start afresh)")
     problems = []
     for name, shape in want.items():
         if name not in saved:
@@ -87,7 +95,6 @@ def check_compatible(saved_metadata_tree: PyTree, abstract_state: PyTree, *,
             problems.append(f"parameter '{name}' {tuple(saved[name])} is in the checkpoint but "
                             "not in the model")
     if problems:
-        where = f"checkpoint {directory or '<unknown dir>'} step {step}"
         shown = "; ".join(problems[:_MAX_LISTED])
         more = (f"; and {len(problems) - _MAX_LISTED} more problem(s)"
                 if len(problems) > _MAX_LISTED else "")

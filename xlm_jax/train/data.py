@@ -107,6 +107,14 @@ def vocabulary_size(tasks: Sequence[str]) -> tuple[int, str] | None:
     return best
 
 
+def task_kinds(task: str) -> list[tuple[str, str]]:
+    """`[(task name, registered example kind)]` for every seqio Task behind `task` (a Task or
+    a Mixture); empty for a synthetic stream."""
+    from xlm_jax.data import registry
+
+    return [(where, registry.kind_of(member)) for member, where in _seqio_members([task])]
+
+
 def synthetic_language_count(model_num_languages: int) -> int:
     """How many language ids (1..n) synthetic streams may draw for a model with a language
     table of `model_num_languages` rows: row 0 is padding, so n = rows - 1. An id past the

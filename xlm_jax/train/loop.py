@@ -27,6 +27,7 @@ from xlm_jax.models.config import ModelConfig, get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import Objective
 from xlm_jax.train import checkpoints as ckpt_lib
+from xlm_jax.train import declarations
 from xlm_jax.train import data as data_lib
 from xlm_jax.train import flops as flops_lib
 from xlm_jax.train import metrics as metrics_lib
@@ -133,7 +134,9 @@ def train(model_dir: str,
           save_checkpoints: bool = True,
           save_initial: bool = False,
           force_synthetic: bool = False,
-          stream=sys.stdout) -> TrainResult:
+          profile_first_step: int = 1,
+          profile_steps: int = 0,
+          out=sys.stdout) -> TrainResult:
     """Trains the objective mixture; resumes from the latest checkpoint in `model_dir`.
 
     `data_resume` says how the input streams continue after a restart: "replay" (exact, costs
@@ -141,6 +144,9 @@ def train(model_dir: str,
     the file sources start over); see `xlm_jax.train.data.resume_plan`.
     `loss_normalization`: "per_objective" (each objective's loss is a mean over its own units)
     or "pooled" (unilm InfoXLM: loss sums over all units); see `trainer.make_train_step`.
+    `profile_steps` > 0 records a `jax.profiler` trace of that many steps from step index
+    `profile_first_step` (the default 1 skips the compiling step) into `model_dir`, where
+    TensorBoard's profile plugin finds it (`plugins/profile/`); only process 0 traces.
     """
     data_lib.resume_plan(seed, 0, data_resume)  # a bad mode fails before anything is built
     if loss_normalization not in trainer_lib.LOSS_NORMALIZATIONS:
@@ -155,7 +161,6 @@ def train(model_dir: str,
     if batch_size % accum_steps or (batch_size // accum_steps) % dp:
         raise ValueError(f"global batch size {batch_size} with accum_steps={accum_steps} gives "
                          f"microbatches not divisible by the data-parallel size {dp}")
-    rules = partitioning.standard_logical_axis_rules(axis_rule_overrides)
     if not force_synthetic:  # synthetic runs (the benchmark) must not need TensorFlow
         data_lib.import_modules(task_modules)
     # the seqio tasks/mixtures the run reads (none when every stream is synthetic)
@@ -177,9 +182,22 @@ def train(model_dir: str,
     net = Transformer(model)
     objs = [trainer_lib.WeightedObjective(spec.factory(model=net, name=name), spec.weight)
             for name, spec in objectives.items()]
+    plain = [o.objective for o in objs]
+    declarations.check_kinds(plain, {o.name: data_lib.task_kinds(objectives[o.name].task)
+                                     for o in objs if o.name in objectives and
+                                     not force_synthetic})
+    owners = declarations.module_owners(plain)
+    rules = declarations.merge_rules(partitioning.standard_logical_axis_rules(), plain,
+                                     axis_rule_overrides)
+    optim_lib.check_module_multipliers(optimizer, owners)
     schedule = optim_lib.make_schedule(optimizer)
     tx = optim_lib.make_optimizer(optimizer)
     init_fn = trainer_lib.make_init_fn(net, objs, tx, seq_len)
+    boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
+    declarations.check_encoder_params_used(plain, boxed.params)
+    declarations.check_logical_names(plain, boxed.params, boxed.obj_state, rules)
+    declarations.check_shared_shapes(
+        plain, lambda o: jax.eval_shape(o.init_modules, jax.random.PRNGKey(0)))
     abstract, shardings = trainer_lib.state_shardings(init_fn, device_mesh, rules)
     is_primary = jax.process_index() == 0
     if is_primary:
@@ -215,19 +233,19 @@ def train(model_dir: str,
             restored, extra = ckpt.restore(latest, flax.serialization.to_state_dict(target))
             state = flax.serialization.from_state_dict(target, restored)
             start = int(extra["step"])
-            print(f"resumed from {model_dir} step {start}", file=stream, flush=True)
+            print(f"resumed from {model_dir} step {start}", file=out, flush=True)
             if seqio_tasks and data_resume == "replay" and start:
                 print(f"replaying {start} batches of each input stream for the exact data order "
                       "(loop.train.data_resume = 'reseed' restarts the data at once instead)",
-                      file=stream, flush=True)
+                      file=out, flush=True)
             saved_processes = extra.get("process_count", jax.process_count())
             if saved_processes != jax.process_count() and seqio_tasks:
                 print(f"note: saved with {saved_processes} processes, resumed with "
                       f"{jax.process_count()}: each process now reads another shard of the "
                       "data, so the data order differs from the uninterrupted run",
-                      file=stream, flush=True)
+                      file=out, flush=True)
 
-        tasks = {name: (f"{data_lib.SYNTHETIC}{o.objective.stream}" if force_synthetic else spec.task)
+        tasks = {name: (f"{data_lib.SYNTHETIC}{o.objective.kind}" if force_synthetic else spec.task)
                  for o, (name, spec) in zip(objs, objectives.items())}
         streams = {name: data_lib.make_stream(
                        tasks[name], batch_size, seq_len,
@@ -242,7 +260,7 @@ def train(model_dir: str,
             donate_argnums=(0,))
         eval_fn = jax.jit(trainer_lib.make_eval_step(objs))
         writer = metrics_lib.MetricsWriter(model_dir, is_primary=is_primary)
-        progress = metrics_lib.Progress(train_steps, stream=stream, log_every=log_every,
+        progress = metrics_lib.Progress(train_steps, out=out, log_every=log_every,
                                         is_primary=is_primary, start_step=start)
         flops_per_token = flops_lib.train_flops_per_token(model, seq_len)
         rng = jax.random.PRNGKey(seed + 1)
@@ -252,7 +270,11 @@ def train(model_dir: str,
         last: dict[str, float] = {}
         window_tokens, window_start = 0, time.perf_counter()
         stall = int(os.environ.get(STALL_ENV, "-1"))
+        tracing = False
         for step in range(start, train_steps):
+            if step == profile_first_step and profile_steps > 0 and is_primary:
+                jax.profiler.start_trace(model_dir)
+                tracing = True
             t0 = time.perf_counter()
             local = {name: next(s) for name, s in streams.items()}
             batches = {name: _global_batch(b, device_mesh) for name, b in local.items()}
@@ -260,6 +282,9 @@ def train(model_dir: str,
             metrics = jax.device_get(metrics)
             step_seconds.append(time.perf_counter() - t0)
             done = step + 1
+            if tracing and (done == profile_first_step + profile_steps or done == train_steps):
+                jax.profiler.stop_trace()
+                tracing = False
             for o in objs:
                 value = float(metrics[f"{o.name}/loss"])
                 if not np.isfinite(value):

@@ -73,14 +73,14 @@ class MetricsWriter:
 
     Only the primary process writes (pass `is_primary=jax.process_index() == 0`); on the
     others every method is a no-op and nothing is created. Non-train splits (e.g.
-    "eval") are also echoed as one line to `stream`; training progress goes through
+    "eval") are also echoed as one line to `out`; training progress goes through
     `Progress` instead.
     """
 
-    def __init__(self, model_dir: str, is_primary: bool = True, stream: IO[str] = sys.stdout):
+    def __init__(self, model_dir: str, is_primary: bool = True, out: IO[str] = sys.stdout):
         self.model_dir = str(model_dir)
         self.is_primary = bool(is_primary)
-        self.stream = stream
+        self.out = out
         self._events: dict[str, _EventFile] = {}
         self._jsonl: IO[str] | None = None
         self._closed = False
@@ -118,10 +118,10 @@ class MetricsWriter:
         assert self._jsonl is not None
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
-        if prefix != "train" and self.stream is not None:
+        if prefix != "train" and self.out is not None:
             shown = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
-            self.stream.write(f"[{prefix}] step {int(step)}: {shown}\n")
-            self.stream.flush()
+            self.out.write(f"[{prefix}] step {int(step)}: {shown}\n")
+            self.out.flush()
 
     def close(self) -> None:
         """Flush and close all files; safe to call twice."""
@@ -156,13 +156,13 @@ def _fmt_duration(seconds: float) -> str:
 class Progress:
     """Training progress on the console.
 
-    On a terminal (`stream.isatty()`): one line rewritten in place with '\\r' (bar, step,
+    On a terminal (`out.isatty()`): one line rewritten in place with '\\r' (bar, step,
     steps/s, ETA, latest scalars), at most every `min_interval_s`. Otherwise (log files,
     SLURM output): a plain line every `log_every` steps and at the last step, so logs
     stay greppable. Only the primary process prints.
     """
 
-    def __init__(self, total_steps: int, stream: IO[str] = sys.stdout, log_every: int = 100,
+    def __init__(self, total_steps: int, out: IO[str] = sys.stdout, log_every: int = 100,
                  is_primary: bool = True, desc: str = "train", min_interval_s: float = 0.2,
                  start_step: int = 0):
         if total_steps < 1:
@@ -170,12 +170,12 @@ class Progress:
         if log_every < 1:
             raise ValueError(f"Progress: log_every={log_every} must be >= 1")
         self.total_steps = int(total_steps)
-        self.stream = stream
+        self.out = out
         self.log_every = int(log_every)
         self.is_primary = bool(is_primary)
         self.desc = desc
         self.min_interval_s = float(min_interval_s)
-        isatty = getattr(stream, "isatty", None)
+        isatty = getattr(out, "isatty", None)
         self.tty = bool(isatty()) if callable(isatty) else False
         self._start_step = int(start_step)
         self._start_time = time.monotonic()
@@ -206,17 +206,17 @@ class Progress:
             frac = min(max(step / self.total_steps, 0.0), 1.0)
             width = 20
             bar = "#" * int(frac * width) + "." * (width - int(frac * width))
-            self.stream.write(f"\r[{bar}] {self._status(step, scalars)}\x1b[K")
+            self.out.write(f"\r[{bar}] {self._status(step, scalars)}\x1b[K")
             self._drawn = True
         elif step % self.log_every == 0 or last:
-            self.stream.write(self._status(step, scalars) + "\n")
+            self.out.write(self._status(step, scalars) + "\n")
         else:
             return
-        self.stream.flush()
+        self.out.flush()
 
     def close(self) -> None:
         """End the in-place line (terminal mode) so later output starts on a new line."""
         if self.is_primary and self.tty and self._drawn:
-            self.stream.write("\n")
-            self.stream.flush()
+            self.out.write("\n")
+            self.out.flush()
             self._drawn = False

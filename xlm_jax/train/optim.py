@@ -4,12 +4,15 @@ What: `make_optimizer(cfg)` returns one optax `GradientTransformation` =
 global-norm clipping -> AdamW (decoupled weight decay, masked so that biases and
 LayerNorm parameters are not decayed) -> optional layer-wise learning-rate decay.
 
-Why this shape: it is the recipe of the XLM-R / InfoXLM / XLM-E papers (Adam with
-beta2=0.98, eps=1e-6, weight decay 0.01, linear warmup then linear decay, clip 1.0),
+Why this shape: it is the recipe the XLM-E and InfoXLM papers give (Adam with
+beta2=0.98, eps=1e-6, weight decay 0.01, linear warmup then linear decay; gradient clipping
+at 2.0 in XLM-E, Table 10, and 1.0 in InfoXLM, Table 10: the run files set `clip_norm`),
 and LLRD is the usual fine-tuning trick for these encoders. Parameter names follow
 the model's tree (`embeddings/...`, `layers_{i}/...`, `mlm_head/...`); params may be
 boxed in `flax.linen.Partitioned` (logical-axis metadata), and every function here
-accepts boxed and unboxed trees alike.
+accepts boxed and unboxed trees alike. In a train state (`{"encoder", "objectives"}`) LLRD
+applies to the encoder subtree only; an objective's modules (a generator has `layers_i`
+of its own) get `module_lr_multipliers[module]` (default 1) instead.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -48,13 +52,14 @@ class OptimizerConfig:
     end_lr_factor: float = 0.0
     # Adam first-moment decay.
     b1: float = 0.9
-    # Adam second-moment decay (0.98 in RoBERTa/XLM-R, more stable than 0.999 at large batch).
+    # Adam second-moment decay (0.98 in the XLM-E and InfoXLM papers' Table 10).
     b2: float = 0.98
     # Adam epsilon, added outside the square root (optax / PyTorch convention).
     eps: float = 1e-6
     # Decoupled weight decay coefficient (AdamW); not applied to biases and norms.
     weight_decay: float = 0.01
-    # Clip gradients to this global L2 norm before Adam; None = no clipping.
+    # Clip gradients to this global L2 norm before Adam; None = no clipping. The default is
+    # InfoXLM's (paper Table 10); XLM-E clips at 2.0 (paper Table 10).
     clip_norm: float | None = 1.0
     # Layer-wise LR decay d in (0, 1]: a leaf at layer index l gets its update scaled
     # by d ** (num_layers + 1 - l) (embeddings l=0, layers_i l=i+1, heads l=num_layers+1).
@@ -62,6 +67,9 @@ class OptimizerConfig:
     layerwise_lr_decay: float | None = None
     # Number of encoder layers; required (> 0) when layerwise_lr_decay is set.
     num_layers: int = 0
+    # Learning-rate multiplier of objective-owned modules by module name (e.g.
+    # {'generator': 1.0}); modules not listed get 1. Unknown names are an error at start-up.
+    module_lr_multipliers: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         def bad(field: str, why: str) -> ValueError:
@@ -99,6 +107,10 @@ class OptimizerConfig:
             raise bad("num_layers", "must be an integer >= 0")
         if self.layerwise_lr_decay is not None and self.num_layers < 1:
             raise bad("num_layers", "must be >= 1 when layerwise_lr_decay is set")
+        for module, factor in dict(self.module_lr_multipliers).items():
+            if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
+                raise ValueError(f"OptimizerConfig.module_lr_multipliers[{module!r}]="
+                                 f"{factor!r} is invalid: must be a finite number > 0")
 
 
 def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:
@@ -193,10 +205,33 @@ def layer_index(path: tuple[str, ...], num_layers: int) -> int:
 
 
 def layerwise_lr_factors(params: PyTree, num_layers: int, decay: float) -> PyTree:
-    """Same-structure tree of python floats decay ** (num_layers + 1 - layer_index)."""
-    return map_named_params(
-        lambda names, _: float(decay ** (num_layers + 1 - layer_index(names, num_layers))),
-        params)
+    """Same-structure tree of python floats: decay ** (num_layers + 1 - layer_index) in the
+    encoder, 1 in objective modules."""
+    cfg = OptimizerConfig(layerwise_lr_decay=decay, num_layers=num_layers)
+    return map_named_params(lambda names, _: lr_factor(names, cfg), params)
+
+
+OBJECTIVES_KEY = "objectives"  # train-state params: {"encoder": ..., "objectives": {module: ...}}
+
+
+def lr_factor(names: tuple[str, ...], cfg: OptimizerConfig) -> float:
+    """The learning-rate factor of one parameter: `module_lr_multipliers[module]` (default 1)
+    inside `objectives/<module>/...`, else the layer-wise decay factor (1 without LLRD)."""
+    if OBJECTIVES_KEY in names[:-1]:
+        module = names[names.index(OBJECTIVES_KEY) + 1]
+        return float(dict(cfg.module_lr_multipliers).get(module, 1.0))
+    if cfg.layerwise_lr_decay is None:
+        return 1.0
+    return float(cfg.layerwise_lr_decay ** (cfg.num_layers + 1
+                                            - layer_index(names, cfg.num_layers)))
+
+
+def check_module_multipliers(cfg: OptimizerConfig, modules: Mapping[str, Any]) -> None:
+    """`module_lr_multipliers` names only modules the run's objectives declare."""
+    unknown = sorted(set(dict(cfg.module_lr_multipliers)) - set(modules))
+    if unknown:
+        raise ValueError(f"OptimizerConfig.module_lr_multipliers names module(s) {unknown} "
+                         f"that no objective declares; modules: {sorted(modules) or 'none'}")
 
 
 class ScaleByLayerState(NamedTuple):
@@ -204,10 +239,16 @@ class ScaleByLayerState(NamedTuple):
 
 
 def scale_by_layer(num_layers: int, decay: float) -> optax.GradientTransformation:
-    """Multiply each update by decay ** (num_layers + 1 - layer_index(path)).
+    """Multiply each update by decay ** (num_layers + 1 - layer_index(path)) (encoder
+    subtree; objective modules are left to `scale_by_lr_factor`)."""
+    return scale_by_lr_factor(OptimizerConfig(layerwise_lr_decay=decay, num_layers=num_layers))
+
+
+def scale_by_lr_factor(cfg: OptimizerConfig) -> optax.GradientTransformation:
+    """Multiply each update by `lr_factor(path, cfg)`.
 
     Applied after AdamW, so it scales the whole step (Adam part and weight decay),
-    which is the same as a per-layer learning rate.
+    which is the same as a per-layer (per-module) learning rate.
     """
 
     def init_fn(params):
@@ -216,9 +257,7 @@ def scale_by_layer(num_layers: int, decay: float) -> optax.GradientTransformatio
 
     def update_fn(updates, state, params=None):
         del params
-        scaled = map_named_params(
-            lambda names, u: u * (decay ** (num_layers + 1 - layer_index(names, num_layers))),
-            updates)
+        scaled = map_named_params(lambda names, u: u * lr_factor(names, cfg), updates)
         return scaled, state
 
     return optax.GradientTransformation(init_fn, update_fn)
@@ -232,8 +271,9 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
     parts.append(optax.adamw(
         learning_rate=make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
         weight_decay=cfg.weight_decay, mask=weight_decay_mask))
-    if cfg.layerwise_lr_decay is not None and cfg.layerwise_lr_decay != 1.0:
-        parts.append(scale_by_layer(cfg.num_layers, cfg.layerwise_lr_decay))
+    llrd = cfg.layerwise_lr_decay is not None and cfg.layerwise_lr_decay != 1.0
+    if llrd or any(f != 1.0 for f in dict(cfg.module_lr_multipliers).values()):
+        parts.append(scale_by_lr_factor(cfg))
     return optax.chain(*parts)
 
 

@@ -25,6 +25,10 @@ Rules = tuple[tuple[str, Any], ...]
 def standard_logical_axis_rules(overrides: Sequence[tuple[str, Any]] = ()) -> Rules:
     """Logical name -> mesh axes. `overrides` entries replace the rule of the same name.
 
+    These are the encoder's names; objectives add rules for names of their own (the XLCo
+    queue) through `Objective.logical_axis_rules`, merged by
+    `xlm_jax.train.declarations.merge_rules`.
+
     Parameters: the model dimension `embed` is sharded over `fsdp` (ZeRO-3 style), and the
     "wide" dimensions (`mlp`, `heads`, `vocab`) over `tensor` (Megatron style).
     Activations: the batch over `data` and `fsdp`, hidden features replicated, heads/mlp/vocab
@@ -46,9 +50,6 @@ def standard_logical_axis_rules(overrides: Sequence[tuple[str, Any]] = ()) -> Ru
         "languages": None,
         "relpos_buckets": None,
         "scalar": None,
-        # objective state: InfoXLM's queue of negative keys [queue, embed_proj]; replicated,
-        # since every query scores every key (131072 x 768 fp32 = 0.4 GB per device at base)
-        "queue": None,
         # activations
         "activation_batch": ("data", "fsdp"),
         "activation_length": None,

@@ -20,7 +20,7 @@ import optax
 
 from xlm_jax.convert import hf
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import Batch, Objective
+from xlm_jax.objectives.base import ENCODER, OBJECTIVES, Batch, Objective
 from xlm_jax.train import optim as optim_lib
 from xlm_jax.train import partitioning
 
@@ -29,7 +29,11 @@ Array = jax.Array
 
 @flax.struct.dataclass
 class TrainState:
-    """Everything a step changes; sharded by the logical rules and checkpointed whole."""
+    """Everything a step changes; sharded by the logical rules and checkpointed whole.
+
+    `params` is `{"encoder": <Transformer params>, "objectives": {module: <params>}}` (see
+    `xlm_jax.objectives.base`); `obj_state` maps objective name -> its state.
+    """
 
     step: Array
     params: Any
@@ -67,14 +71,28 @@ def init_objective_state(objectives: Sequence[WeightedObjective], params: Any
     return {o.name: o.objective.init_state(params) for o in objectives}
 
 
+def init_params(model: Transformer, objectives: Sequence[WeightedObjective], seq_len: int,
+                rng: Array) -> dict[str, Any]:
+    """`{"encoder": ..., "objectives": {module: ...}}`, boxed with logical axis names. A module
+    shared by several objectives (`Objective.shared_modules`) is initialised once, by the
+    first objective of the mixture that declares it."""
+    enc_rng, obj_rng = jax.random.split(rng)
+    inputs = init_batch_shapes(model, 1, seq_len)
+    encoder = model.init(enc_rng, inputs.pop("input_ids"), **inputs)["params"]
+    modules: dict[str, Any] = {}
+    for i, o in enumerate(objectives):
+        for name, p in o.objective.init_modules(jax.random.fold_in(obj_rng, i)).items():
+            modules.setdefault(name, p)
+    return {ENCODER: encoder, OBJECTIVES: modules}
+
+
 def make_init_fn(model: Transformer, objectives: Sequence[WeightedObjective],
                  optimizer: optax.GradientTransformation, seq_len: int
                  ) -> Callable[[Array], TrainState]:
     """Returns `init(rng) -> TrainState` whose params are boxed with logical axis names."""
 
     def init(rng: Array) -> TrainState:
-        inputs = init_batch_shapes(model, 1, seq_len)
-        params = model.init(rng, inputs.pop("input_ids"), **inputs)["params"]
+        params = init_params(model, objectives, seq_len, rng)
         opt_state = optimizer.init(params)
         obj_state = init_objective_state(objectives, params)  # boxed params
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
@@ -215,7 +233,8 @@ def make_eval_step(objectives: Sequence[WeightedObjective]) -> Callable[..., dic
 
 def load_pretrained_params(params: Any, pretrained: Any, source: str,
                            vocab_size: int | None = None) -> Any:
-    """Copies every parameter of `pretrained` into `params` (same paths, same shapes).
+    """Copies every parameter of `pretrained` (encoder parameters) into the encoder subtree of
+    the train-state `params` (same paths, same shapes); objective modules keep their init.
 
     Parameters the pretrained model lacks (new heads, language embeddings) keep their
     initialisation; a shape mismatch is a one-line error naming the parameter. With
@@ -239,4 +258,4 @@ def load_pretrained_params(params: Any, pretrained: Any, source: str,
                              f"model expects {tuple(value.shape)}")
         return jnp.asarray(new, value.dtype)
 
-    return jax.tree_util.tree_map_with_path(pick, params)
+    return {**params, ENCODER: jax.tree_util.tree_map_with_path(pick, params[ENCODER])}

@@ -24,10 +24,10 @@ def mlm_objectives(mono_factory: Callable[..., Any] = MaskedLM, pair: bool = Tru
                    ) -> dict[str, loop.ObjectiveSpec]:
     """MMLM on `mono_task` (built by `mono_factory`) and, with `pair`, TLM on synthetic pairs."""
     specs = {"mmlm": loop.ObjectiveSpec(factory=lambda model, name: mono_factory(
-        model, name=name, stream="mono", max_predictions=max_predictions), task=mono_task)}
+        model, name=name, kind="mono", max_predictions=max_predictions), task=mono_task)}
     if pair:
         specs["tlm"] = loop.ObjectiveSpec(factory=lambda model, name: MaskedLM(
-            model, name=name, stream="pair", max_predictions=max_predictions),
+            model, name=name, kind="pair", max_predictions=max_predictions),
             task="synthetic:pair")
     return specs
 
@@ -36,9 +36,9 @@ def train_tiny(model_dir: Any, steps: int, *, model: dict | None = None,
                objectives: dict | None = None, batch: int = 8, accum: int = 1,
                mesh: partitioning.MeshConfig | None = None, num_devices: int = 1,
                save_every: int = 1000, optimizer: optim.OptimizerConfig | None = None,
-               stream: Any = None, **kw: Any) -> loop.TrainResult:
+               out: Any = None, **kw: Any) -> loop.TrainResult:
     """`loop.train` of TINY_MODEL (updated by `model`) for `steps` steps at seq_len 32; the
-    progress lines go to `stream` (default: nowhere)."""
+    progress lines go to `out` (default: nowhere)."""
     return loop.train(
         str(model_dir), model=loop.model_config("tiny", {**TINY_MODEL, **(model or {})}),
         objectives=objectives or mlm_objectives(), train_steps=steps, batch_size=batch,
@@ -48,7 +48,7 @@ def train_tiny(model_dir: Any, steps: int, *, model: dict | None = None,
         mesh=mesh or partitioning.MeshConfig(data=-1), num_devices=num_devices,
         checkpoint=checkpoints.CheckpointConfig(save_every_steps=save_every, keep=5,
                                                 async_save=False),
-        log_every=1, stream=stream or open(os.devnull, "w"), **kw)
+        log_every=1, out=out or open(os.devnull, "w"), **kw)
 
 
 def assert_trees_close(a: Any, b: Any, atol: float) -> None:
