@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xlm_jax import model_dir as md
 from xlm_jax.convert import hf as hf_lib
 from xlm_jax.data.features import default_language_list, language_index
 from xlm_jax.models.config import ModelConfig
@@ -166,9 +167,9 @@ class Encoder:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            spm = hf_lib.find_spm(self.path)
+            spm = md.find_spm(self.path)
             if spm is None:
-                looked = ", ".join(os.path.join(self.path, n) for n in hf_lib.SPM_NAMES)
+                looked = ", ".join(os.path.join(self.path, n) for n in md.SPM_NAMES)
                 raise FileNotFoundError(f"no SentencePiece model beside the weights; looked for {looked}")
             from xlm_jax.data.vocab import XLMRTokenizer
 
@@ -264,17 +265,16 @@ def load_encoder(path: str, step: int | None = None,
     `languages.txt` the trainer writes into its model_dir, else the registry's default list."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: not a directory")
-    if hf_lib.is_xlm_jax_dir(path):
+    if md.is_model_dir(path):
         cfg, params = hf_lib.load_xlm_jax(path, step=step)
     elif hf_lib.is_hf_dir(path):
         cfg, params = hf_lib.load_hf_dir(path)
     else:
         raise FileNotFoundError(
-            f"{path}: neither an xlm_jax model ({hf_lib.CONFIG_NAME}) nor an HF model "
+            f"{path}: neither an xlm_jax model ({md.CONFIG_NAME}) nor an HF model "
             f"(config.json + {' or '.join(hf_lib.HF_WEIGHT_NAMES)})")
     params = jax.tree_util.tree_map(jnp.asarray, params)
-    saved = os.path.join(path, hf_lib.LANGUAGES_FILE)
-    if language_list is None and os.path.isfile(saved):  # written by the trainer
-        language_list = hf_lib.read_language_file(saved)
+    if language_list is None:  # the trainer writes the table it trained with
+        language_list = md.read_languages(path)
     return Encoder(config=cfg, params=params, path=os.path.abspath(path),
                    language_list=list(language_list) if language_list is not None else None)

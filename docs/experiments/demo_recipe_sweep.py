@@ -24,7 +24,7 @@ from xlm_jax.objectives.base import LossOutput, Objective
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.mlm import MaskedLM
-from xlm_jax.train import trainer as T, optim
+from xlm_jax.train import step as T, optim
 from xlm_jax.data.vocab import XLMRTokenizer
 from xlm_jax.data import sampling, sources
 from xlm_jax.encoder import Encoder

@@ -47,10 +47,10 @@ def _state(model_dir):
     import jax
     import orbax.checkpoint as ocp
 
-    from xlm_jax.convert import hf
+    from xlm_jax import model_dir as md
 
     with ocp.StandardCheckpointer() as ckptr:
-        state = ckptr.restore(hf.trainer_state_dir(model_dir))
+        state = ckptr.restore(md.trainer_state_dir(model_dir))
     return {jax.tree_util.keystr(p): np.asarray(v) for p, v in
             jax.tree_util.tree_flatten_with_path(state)[0]}
 
@@ -63,8 +63,8 @@ def _sigkill_resume(tmp_path, gin_file):
     assert r.returncode == 0, r.stderr[-3000:]
 
     proc = subprocess.Popen([sys.executable, "-m", "xlm_jax.train", gin_file,
-                             f"--model_dir={killed}"], cwd=ROOT,
-                            env=_env(XLM_JAX_DEBUG_STALL_AT_STEP="10"),
+                             "--gin_file=tests/testlib/stall_at_10.gin",
+                             f"--model_dir={killed}"], cwd=ROOT, env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     ckpt10 = os.path.join(killed, "checkpoints", "10", "commit_success.txt")
     deadline = time.time() + 240
@@ -118,10 +118,10 @@ def test_sigkill_then_resume_is_exact(tmp_path):
     # model FLOP/s = tokens/s x the run's FLOPs per token (one constant for the whole run)
     ratios = [f.value / t.value for f, t in zip(acc.Scalars("model_tflops_per_sec"),
                                                 acc.Scalars("tokens_per_sec"))]
-    from xlm_jax.convert import hf
+    from xlm_jax import model_dir as md
     from xlm_jax.train import flops
 
-    cfg = hf.read_model_config(os.path.join(straight, hf.CONFIG_NAME))
+    cfg = md.read_config(straight)
     np.testing.assert_allclose(ratios, flops.train_flops_per_token(cfg, 32) / 1e12, rtol=1e-4)
 
     # The run records what produced it.

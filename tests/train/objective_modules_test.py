@@ -17,13 +17,14 @@ from testlib.probe import TokenProbe
 from testlib.tiny_run import TINY_MODEL, mlm_objectives
 from testlib.tiny_run import assert_trees_close as _assert_close
 from testlib.tiny_run import train_tiny as _train
+from xlm_jax import model_dir as md
 from xlm_jax.convert import hf
 from xlm_jax.data.synthetic import synthetic_batch
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.mlm import MaskedLM
 from xlm_jax.train import declarations, loop, optim, partitioning
-from xlm_jax.train import trainer as trainer_lib
+from xlm_jax.train import step as step_lib
 
 EIGHT = dict(mesh=partitioning.MeshConfig(data=2, fsdp=2, tensor=2), num_devices=8)
 
@@ -37,13 +38,13 @@ def _with_probe(**kw):
 
 def _state(model_dir, step=None):
     with ocp.StandardCheckpointer() as ckptr:
-        return ckptr.restore(hf.trainer_state_dir(str(model_dir), step))
+        return ckptr.restore(md.trainer_state_dir(str(model_dir), step))
 
 
 def test_loss_and_gradients_match_numpy_and_reach_head_and_tied_embeddings():
     net = Transformer(get_config("tiny", **TINY_MODEL))
     obj = TokenProbe(net, tied=True)
-    params = nn.meta.unbox(trainer_lib.init_params(net, [trainer_lib.WeightedObjective(obj)], 16,
+    params = nn.meta.unbox(step_lib.init_params(net, [step_lib.WeightedObjective(obj)], 16,
                                                    jax.random.PRNGKey(0)))
     assert set(params) == {"encoder", "objectives"} and set(params["objectives"]) == {"probe_head"}
     batch = {k: jnp.asarray(v) for k, v in synthetic_batch(4, 16, 256, "mono", seed=1).items()}
@@ -77,11 +78,11 @@ def test_loss_and_gradients_match_numpy_and_reach_head_and_tied_embeddings():
 def test_module_is_sharded_by_its_declared_rule_and_eight_devices_match_one(tmp_path):
     net = Transformer(get_config("tiny", **TINY_MODEL))
     probe = TokenProbe(net)
-    init = trainer_lib.make_init_fn(net, [trainer_lib.WeightedObjective(probe)],
+    init = step_lib.make_init_fn(net, [step_lib.WeightedObjective(probe)],
                                     optim.make_optimizer(optim.OptimizerConfig()), 16)
     mesh = partitioning.make_mesh(EIGHT["mesh"], jax.devices()[:8])
     rules = declarations.merge_rules(partitioning.standard_logical_axis_rules(), [probe])
-    _, shard = trainer_lib.state_shardings(init, mesh, rules)
+    _, shard = step_lib.state_shardings(init, mesh, rules)
     assert shard.params["objectives"]["probe_head"]["kernel"].spec == PartitionSpec(
         "fsdp", "tensor")  # ("embed", "probe_classes") with the objective's rule -> tensor
     assert shard.params["objectives"]["probe_head"]["bias"].spec == PartitionSpec("tensor")
@@ -220,7 +221,7 @@ def test_checkpoint_from_before_the_split_loads_as_encoder_and_refuses_resume(tm
     from xlm_jax.train import checkpoints
 
     os.makedirs(old_dir)
-    for name in (hf.CONFIG_NAME,):
+    for name in (md.CONFIG_NAME,):
         with open(tmp_path / name) as f, open(old_dir / name, "w") as g:
             g.write(f.read())
     with checkpoints.Checkpointer(str(old_dir), checkpoints.CheckpointConfig(

@@ -10,12 +10,13 @@ from jax.sharding import PartitionSpec
 from testlib.tiny_run import TINY_MODEL, mlm_objectives
 from testlib.tiny_run import assert_trees_close as _assert_close
 from testlib.tiny_run import train_tiny as _train
+from xlm_jax import model_dir as md
 from xlm_jax.convert import hf
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.xlco import XLCo
 from xlm_jax.train import declarations, loop, optim, partitioning
-from xlm_jax.train import trainer as trainer_lib
+from xlm_jax.train import step as step_lib
 
 EIGHT = dict(mesh=partitioning.MeshConfig(data=2, fsdp=2, tensor=2), num_devices=8)
 
@@ -34,15 +35,15 @@ def _with_xlco(queue_size=16, momentum=0.9, **kw):
 
 def _state(model_dir, step=None):
     with ocp.StandardCheckpointer() as ckptr:
-        return ckptr.restore(hf.trainer_state_dir(str(model_dir), step))
+        return ckptr.restore(md.trainer_state_dir(str(model_dir), step))
 
 
 def test_key_encoder_is_sharded_like_the_params_and_the_queue_by_its_rule():
     cfg = get_config("tiny", **TINY_MODEL)
     net = Transformer(cfg)
     xlco = XLCo(net, queue_size=32, projection_dim=16)
-    objs = [trainer_lib.WeightedObjective(xlco)]
-    init = trainer_lib.make_init_fn(net, objs, optim.make_optimizer(optim.OptimizerConfig()), 16)
+    objs = [step_lib.WeightedObjective(xlco)]
+    init = step_lib.make_init_fn(net, objs, optim.make_optimizer(optim.OptimizerConfig()), 16)
     mesh = partitioning.make_mesh(EIGHT["mesh"], jax.devices()[:8])
     for overrides, queue_spec in (((), PartitionSpec(None, None)),
                                   ((("queue", ("data", "fsdp")),),
@@ -50,7 +51,7 @@ def test_key_encoder_is_sharded_like_the_params_and_the_queue_by_its_rule():
         # the queue's rule comes from the objective; a run's override still wins
         rules = declarations.merge_rules(partitioning.standard_logical_axis_rules(), [xlco],
                                          overrides)
-        _, shard = trainer_lib.state_shardings(init, mesh, rules)
+        _, shard = step_lib.state_shardings(init, mesh, rules)
         specs = jax.tree_util.tree_map(lambda s: s.spec, shard)
         assert specs.obj_state["xlco"]["key_params"] == specs.params  # encoder + projection
         assert specs.obj_state["xlco"]["key_params"]["encoder"]["embeddings"]["word_embeddings"][

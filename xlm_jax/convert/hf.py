@@ -6,9 +6,10 @@ HF layout (`XLMRobertaForMaskedLM` / `XLMRobertaModel`): `[roberta.]embeddings.*
 `...output.LayerNorm`, `lm_head.{dense,layer_norm,bias}` with the decoder tied to the word
 embeddings. torch Linear weights are [out, in]; ours are [in, (heads, head_dim)] kernels.
 
-The xlm_jax format is a directory with `xlm_jax_config.json` (a `ModelConfig`) and `params/`
-(an orbax checkpoint of the parameter tree). Reading never imports TensorFlow; torch is
-imported only to read a `pytorch_model.bin` (with `weights_only=True`).
+The xlm_jax format is a model directory (`xlm_jax.model_dir` owns its layout): a config and
+either `params/` (an orbax checkpoint of the encoder's parameters) or trainer checkpoints.
+Reading never imports TensorFlow; torch is imported only to read a `pytorch_model.bin` (with
+`weights_only=True`).
 """
 from __future__ import annotations
 
@@ -19,13 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from xlm_jax import model_dir as md
 from xlm_jax.models.config import ModelConfig
 
-CONFIG_NAME = "xlm_jax_config.json"
-PARAMS_DIR = "params"
-SPM_NAMES = ("sentencepiece.bpe.model", "spm.model")
 HF_WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin")
-LANGUAGES_FILE = "languages.txt"  # the trainer's lang_ids table, one code per line
+HF_SPM_NAME = "sentencepiece.bpe.model"
 
 Params = dict[str, Any]
 
@@ -240,21 +239,6 @@ def load_hf_dir(hf_dir: str) -> tuple[ModelConfig, Params]:
     return cfg, hf_state_to_params(read_hf_weights(hf_dir), cfg, source=hf_dir)
 
 
-def find_spm(model_dir: str) -> str | None:
-    for name in SPM_NAMES:
-        path = os.path.join(model_dir, name)
-        if os.path.exists(path):
-            return path
-    return None
-
-
-def _copy_spm(src_dir: str | None, out_dir: str, name: str) -> None:
-    spm = find_spm(src_dir) if src_dir else None
-    if spm:
-        with open(spm, "rb") as fin, open(os.path.join(out_dir, name), "wb") as fout:
-            fout.write(fin.read())
-
-
 def save_hf_dir(out_dir: str, cfg: ModelConfig, params: Params,
                 spm_from: str | None = None) -> None:
     """Writes `config.json` + `model.safetensors` (+ `sentencepiece.bpe.model` when known)."""
@@ -265,7 +249,7 @@ def save_hf_dir(out_dir: str, cfg: ModelConfig, params: Params,
         json.dump(model_config_to_hf_config(cfg), f, indent=2)
     save_file(params_to_hf_state(params, cfg), os.path.join(out_dir, "model.safetensors"),
               metadata={"format": "pt"})
-    _copy_spm(spm_from, out_dir, "sentencepiece.bpe.model")
+    md.copy_spm(md.find_spm(spm_from) if spm_from else None, out_dir, HF_SPM_NAME)
 
 
 def save_xlm_jax(out_dir: str, cfg: ModelConfig, params: Params,
@@ -275,34 +259,10 @@ def save_xlm_jax(out_dir: str, cfg: ModelConfig, params: Params,
 
     out_dir = os.path.abspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, CONFIG_NAME), "w") as f:
-        json.dump(cfg.to_dict(), f, indent=2)
+    md.write_config(out_dir, cfg)
     with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(os.path.join(out_dir, PARAMS_DIR), params, force=True)
-    _copy_spm(spm_from, out_dir, "spm.model")
-
-
-def read_language_file(path: str) -> list[str]:
-    """Language codes from a text file with one code per line (blank lines skipped); an empty
-    file is a ValueError naming it."""
-    with open(path, encoding="utf-8") as f:
-        codes = [line.strip() for line in f if line.strip()]
-    if not codes:
-        raise ValueError(f"{path}: no language codes")
-    return codes
-
-
-def read_model_config(path: str) -> ModelConfig:
-    with open(path) as f:
-        raw = json.load(f)
-    # Before objective-owned modules, InfoXLM's projection was a model field; the projection
-    # now belongs to the XLCo objective and the encoder never had it in its exported weights.
-    raw.pop("projection_dim", None)
-    known = set(ModelConfig.__dataclass_fields__)
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"{path}: unknown ModelConfig key(s) {unknown}")
-    return ModelConfig(**raw)
+        ckptr.save(md.params_dir(out_dir), params, force=True)
+    md.copy_spm(md.find_spm(spm_from) if spm_from else None, out_dir)
 
 
 def load_xlm_jax(model_dir: str, step: int | None = None) -> tuple[ModelConfig, Params]:
@@ -311,10 +271,10 @@ def load_xlm_jax(model_dir: str, step: int | None = None) -> tuple[ModelConfig, 
     import orbax.checkpoint as ocp
 
     model_dir = os.path.abspath(model_dir)
-    cfg = read_model_config(os.path.join(model_dir, CONFIG_NAME))
-    params_dir = os.path.join(model_dir, PARAMS_DIR)
-    if step is not None or not os.path.isdir(params_dir):
-        params_dir = trainer_state_dir(model_dir, step)
+    cfg = md.read_config(model_dir)
+    params_dir = md.params_dir(model_dir)
+    if step is not None or not md.has_params_dir(model_dir):
+        params_dir = md.trainer_state_dir(model_dir, step)
     with ocp.StandardCheckpointer() as ckptr:
         params = ckptr.restore(params_dir)
     params = encoder_subtree(params)
@@ -331,27 +291,6 @@ def encoder_subtree(tree: Mapping[str, Any]) -> Params:
     if "encoder" in tree and "embeddings" not in tree:
         tree = tree["encoder"]
     return tree
-
-
-def checkpoint_steps(model_dir: str) -> list[int]:
-    """Finished trainer checkpoint steps under `model_dir/checkpoints`, ascending."""
-    root = os.path.join(model_dir, "checkpoints")
-    if not os.path.isdir(root):
-        return []
-    return sorted(int(s) for s in os.listdir(root)
-                  if s.isdigit() and os.path.isdir(os.path.join(root, s, "state")))
-
-
-def trainer_state_dir(model_dir: str, step: int | None = None) -> str:
-    """Path of the train-state item of a trainer checkpoint (default: the newest)."""
-    steps = checkpoint_steps(model_dir)
-    if not steps:
-        raise FileNotFoundError(f"{model_dir}: neither {PARAMS_DIR}/ nor checkpoints/<step>/state found")
-    if step is None:
-        step = steps[-1]
-    if step not in steps:
-        raise FileNotFoundError(f"{model_dir}: no checkpoint for step {step}; available: {steps}")
-    return os.path.join(model_dir, "checkpoints", str(step), "state")
 
 
 def check_params(params: Params, cfg: ModelConfig, source: str) -> None:
@@ -377,7 +316,5 @@ def is_hf_dir(path: str) -> bool:
         os.path.exists(os.path.join(path, n)) for n in HF_WEIGHT_NAMES)
 
 
-def is_xlm_jax_dir(path: str) -> bool:
-    return os.path.exists(os.path.join(path, CONFIG_NAME))
 
 

@@ -444,11 +444,11 @@ def _resolve_step(path: str, step: int | None) -> int | None:
     exported `params/` (what `load_encoder` loads then), else None."""
     if step is not None:
         return step
-    from xlm_jax.convert import hf as hf_lib
+    from xlm_jax import model_dir as md
 
-    if not hf_lib.is_xlm_jax_dir(path) or os.path.isdir(os.path.join(path, hf_lib.PARAMS_DIR)):
+    if not md.is_model_dir(path) or md.has_params_dir(path):
         return None
-    steps = hf_lib.checkpoint_steps(path)
+    steps = md.checkpoint_steps(path)
     return steps[-1] if steps else None
 
 
@@ -473,7 +473,7 @@ def read_language_list(text: str) -> list[str]:
     """`--language_list`: a file with one code per line (blank lines skipped) if `text` names
     one, else comma-separated codes."""
     if os.path.isfile(text):
-        from xlm_jax.convert.hf import read_language_file
+        from xlm_jax.model_dir import read_language_file
 
         return read_language_file(text)
     codes = [c.strip() for c in text.split(",") if c.strip()]

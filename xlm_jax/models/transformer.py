@@ -1,11 +1,14 @@
 """The encoder: XLM-R embeddings, post-/pre-LN layers with optional cross-attention, the stack.
 
 One module serves every objective:
-- MMLM/TLM/XLCo/ELECTRA call `Transformer.encode` with the default padding/packing mask;
-- CAMLM and BTMLM pass their own boolean `attention_mask` built by `xlm_jax.models.masks`;
-- VECO passes `encoder_states` (and `cross_mask`) so each layer's cross-attention block runs,
-  and a causal `attention_mask` for CS-MLM; without `encoder_states` the same layers run as a
-  plain encoder, which is how VECO is reassembled for NLU.
+- MMLM/TLM and XLCo (the objectives that exist) call `Transformer.encode` with the default
+  padding/packing mask, as an ELECTRA discriminator will;
+- a visibility pattern of its own (ERNIE-M's CAMLM and BTMLM stage 1, built by
+  `xlm_jax.models.masks`) goes in as a boolean `attention_mask`;
+- `encoder_states` (and `cross_mask`) run each layer's cross-attention block (VECO's layers,
+  `ModelConfig.cross_attention`); without `encoder_states` the same layers run as a plain
+  encoder, which is how a VECO model is to be reassembled for NLU. The ERNIE-M and VECO
+  objectives themselves are not written yet.
 
 Parameter names follow a fixed tree (`embeddings/...`, `layers_{i}/attention/query/...`) that the
 HF converter and the optimiser's weight-decay/LLRD rules rely on. Every parameter carries logical

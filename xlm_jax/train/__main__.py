@@ -1,6 +1,6 @@
-"""`python -m xlm_jax.train` — see `xlm_jax.train.train`."""
+"""`python -m xlm_jax.train` — see `xlm_jax.train.cli`."""
 import sys
 
-from xlm_jax.train.train import main
+from xlm_jax.train.cli import main
 
 sys.exit(main())

@@ -27,6 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from xlm_jax import model_dir as md
 from xlm_jax.train.optim import param_path_names
 
 PyTree = Any
@@ -146,7 +147,7 @@ class Checkpointer:
 
     def __init__(self, model_dir: str, cfg: CheckpointConfig = CheckpointConfig()):
         self.cfg = cfg
-        self.directory = os.path.join(str(model_dir), "checkpoints")
+        self.directory = md.checkpoints_dir(model_dir)
         _check_writable(self.directory)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=cfg.keep,
@@ -158,8 +159,8 @@ class Checkpointer:
         # metadata of checkpoints it did not write; with bare item names it reads none.
         self._manager = ocp.CheckpointManager(
             epath.Path(self.directory), options=options,
-            item_handlers={"state": ocp.StandardCheckpointHandler(),
-                           "extra": ocp.JsonCheckpointHandler()})
+            item_handlers={md.STATE_ITEM: ocp.StandardCheckpointHandler(),
+                           md.EXTRA_ITEM: ocp.JsonCheckpointHandler()})
 
     def should_save(self, step: int) -> bool:
         """True at every `save_every_steps`-th step (never at step 0)."""
@@ -186,8 +187,8 @@ class Checkpointer:
                              ) from None
         return bool(self._manager.save(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                    extra=ocp.args.JsonSave(extra)),
+            args=ocp.args.Composite(**{md.STATE_ITEM: ocp.args.StandardSave(state),
+                                       md.EXTRA_ITEM: ocp.args.JsonSave(extra)}),
             force=True))
 
     def latest_step(self) -> int | None:
@@ -220,12 +221,12 @@ class Checkpointer:
                                     f"available steps: {available or 'none'}")
         abstract = _as_abstract(abstract_state)
         metadata = self._manager.item_metadata(step)
-        check_compatible(metadata["state"], abstract, directory=self.directory, step=step)
+        check_compatible(metadata[md.STATE_ITEM], abstract, directory=self.directory, step=step)
         restored = self._manager.restore(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                    extra=ocp.args.JsonRestore()))
-        return restored["state"], dict(restored["extra"] or {})
+            args=ocp.args.Composite(**{md.STATE_ITEM: ocp.args.StandardRestore(abstract),
+                                       md.EXTRA_ITEM: ocp.args.JsonRestore()}))
+        return restored[md.STATE_ITEM], dict(restored[md.EXTRA_ITEM] or {})
 
     def wait(self) -> None:
         """Block until any background save has finished (call before exiting)."""

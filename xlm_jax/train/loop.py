@@ -7,9 +7,7 @@ Everything else is wired in .gin files (`gin_configs/`), as t5x does.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +20,7 @@ import gin
 import jax
 import numpy as np
 
-from xlm_jax.convert.hf import LANGUAGES_FILE
+from xlm_jax import model_dir as md
 from xlm_jax.models.config import ModelConfig, get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import Objective
@@ -33,9 +31,7 @@ from xlm_jax.train import flops as flops_lib
 from xlm_jax.train import metrics as metrics_lib
 from xlm_jax.train import optim as optim_lib
 from xlm_jax.train import partitioning
-from xlm_jax.train import trainer as trainer_lib
-
-STALL_ENV = "XLM_JAX_DEBUG_STALL_AT_STEP"  # test hook: sleep forever after this step's save
+from xlm_jax.train import step as step_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,19 +89,119 @@ def _write_model_files(model_dir: str, cfg: ModelConfig, spm_model: str | None,
     """The files that make `model_dir` loadable by `load_encoder`: config, run info, the
     SentencePiece model and the `lang_ids` table (`languages.txt`, one code per line)."""
     if languages:
-        with open(os.path.join(model_dir, LANGUAGES_FILE), "w", encoding="utf-8") as f:
-            f.write("".join(f"{lang}\n" for lang in languages))
-    with open(os.path.join(model_dir, "xlm_jax_config.json"), "w") as f:
-        json.dump(cfg.to_dict(), f, indent=2)
-    with open(os.path.join(model_dir, "run_info.json"), "w") as f:
-        json.dump(_run_info(), f, indent=2)
-    if spm_model:
-        shutil.copyfile(spm_model, os.path.join(model_dir, "spm.model"))
+        md.write_languages(model_dir, languages)
+    md.write_config(model_dir, cfg)
+    md.write_run_info(model_dir, _run_info())
+    md.copy_spm(spm_model, model_dir)
 
 
 def _global_batch(local: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, Any]:
     return {k: jax.make_array_from_process_local_data(partitioning.batch_sharding(mesh, v.ndim), v)
             for k, v in local.items()}
+
+
+def _check_batch(batch_size: int, accum_steps: int, mesh: jax.sharding.Mesh) -> None:
+    dp = partitioning.data_parallel_size(mesh)
+    if batch_size % dp:
+        raise ValueError(f"global batch size {batch_size} is not divisible by the data-parallel "
+                         f"size {dp} (mesh data x fsdp = {dict(mesh.shape)})")
+    if batch_size % accum_steps or (batch_size // accum_steps) % dp:
+        raise ValueError(f"global batch size {batch_size} with accum_steps={accum_steps} gives "
+                         f"microbatches not divisible by the data-parallel size {dp}")
+
+
+def _check_tasks(model: ModelConfig, seqio_tasks: Sequence[str]) -> list[str] | None:
+    """The tasks' language table, after checking that the model's language and token tables
+    are large enough for them (an id past a table gives NaN rows, not an error, in JAX)."""
+    languages = data_lib.language_list(seqio_tasks)
+    if languages and model.num_languages and model.num_languages < len(languages) + 1:
+        raise ValueError(f"model num_languages={model.num_languages} is too small for the "
+                         f"tasks' language list of {len(languages)} languages (lang_ids go up "
+                         f"to {len(languages)}; set num_languages >= {len(languages) + 1})")
+    vocab = data_lib.vocabulary_size(seqio_tasks)
+    if vocab and vocab[0] > model.vocab_size:
+        raise ValueError(f"task {vocab[1]} has a vocabulary of {vocab[0]} ids but the model has "
+                         f"vocab_size={model.vocab_size}; set the model's vocab_size to "
+                         f"{vocab[0]} (loop.model_config.overrides), or register the task "
+                         "with the model's SentencePiece model")
+    return languages
+
+
+def _fresh_state(init_fn: Callable[..., Any], shardings: Any,
+                 objs: Sequence[step_lib.WeightedObjective], model: ModelConfig, seed: int,
+                 init_from: str | None) -> step_lib.TrainState:
+    """The initial state, sharded; with `init_from`, the encoder's parameters are loaded
+    (objective modules keep their initialisation) and the objective state is rebuilt from
+    them (an EMA key encoder starts at the loaded weights)."""
+    state = jax.jit(lambda r: nn.meta.unbox(init_fn(r)), out_shardings=shardings)(
+        jax.random.PRNGKey(seed))
+    if not init_from:
+        return state
+    from xlm_jax.encoder import load_encoder
+
+    pre = load_encoder(init_from)
+    if pre.config.vocab_size != model.vocab_size:
+        raise ValueError(f"{init_from}: vocab_size={pre.config.vocab_size} but the "
+                         f"model being trained has vocab_size={model.vocab_size}")
+    params = step_lib.load_pretrained_params(state.params, pre.params, init_from,
+                                             vocab_size=model.vocab_size)
+    params = jax.device_put(params, shardings.params)
+    obj_state = jax.jit(lambda p: nn.meta.unbox(step_lib.init_objective_state(objs, p)),
+                        out_shardings=shardings.obj_state)(params)
+    return state.replace(params=params, obj_state=obj_state)
+
+
+def _restored_state(ckpt: ckpt_lib.Checkpointer, step: int, abstract: Any, shardings: Any
+                    ) -> tuple[step_lib.TrainState, dict[str, Any]]:
+    """The state of checkpoint `step`, loaded straight into the current mesh's shardings,
+    and the checkpoint's JSON extra (step, data position, process count)."""
+    target = jax.tree_util.tree_map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    restored, extra = ckpt.restore(step, flax.serialization.to_state_dict(target))
+    return flax.serialization.from_state_dict(target, restored), extra
+
+
+def _announce_resume(model_dir: str, start: int, seqio_tasks: Sequence[str], data_resume: str,
+                     out: Any, saved_processes: int) -> None:
+    print(f"resumed from {model_dir} step {start}", file=out, flush=True)
+    if seqio_tasks and data_resume == "replay" and start:
+        print(f"replaying {start} batches of each input stream for the exact data order "
+              "(loop.train.data_resume = 'reseed' restarts the data at once instead)",
+              file=out, flush=True)
+    if saved_processes != jax.process_count() and seqio_tasks:
+        print(f"note: saved with {saved_processes} processes, resumed with "
+              f"{jax.process_count()}: each process now reads another shard of the "
+              "data, so the data order differs from the uninterrupted run",
+              file=out, flush=True)
+
+
+def _build_objectives(net: Transformer, specs: Mapping[str, ObjectiveSpec],
+                      axis_rule_overrides: Sequence[tuple[str, Any]],
+                      optimizer: optim_lib.OptimizerConfig, check_tasks: bool
+                      ) -> tuple[list[step_lib.WeightedObjective], partitioning.Rules]:
+    """The mixture's objectives and the run's rule table, after the checks that need no
+    shapes: each seqio task's kind, module names, rules, learning-rate multipliers."""
+    objs = [step_lib.WeightedObjective(spec.factory(model=net, name=name), spec.weight)
+            for name, spec in specs.items()]
+    plain = [o.objective for o in objs]
+    if check_tasks:
+        declarations.check_kinds(plain, {o.name: data_lib.task_kinds(specs[o.name].task)
+                                         for o in objs})
+    owners = declarations.module_owners(plain)
+    rules = declarations.merge_rules(partitioning.standard_logical_axis_rules(), plain,
+                                     axis_rule_overrides)
+    optim_lib.check_module_multipliers(optimizer, owners)
+    return objs, rules
+
+
+def _check_declarations(objectives: Sequence[Objective], init_fn: Callable[..., Any],
+                        rules: partitioning.Rules) -> None:
+    """The checks that need the state's shapes (traced, nothing computed or compiled)."""
+    boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
+    declarations.check_encoder_params_used(objectives, boxed.params)
+    declarations.check_logical_names(objectives, boxed.params, boxed.obj_state, rules)
+    declarations.check_shared_shapes(
+        objectives, lambda o: jax.eval_shape(o.init_modules, jax.random.PRNGKey(0)))
 
 
 @gin.configurable(denylist=["model_dir"])
@@ -136,6 +232,7 @@ def train(model_dir: str,
           force_synthetic: bool = False,
           profile_first_step: int = 1,
           profile_steps: int = 0,
+          after_step: Callable[[int, Callable[[], None]], None] | None = None,
           out=sys.stdout) -> TrainResult:
     """Trains the objective mixture; resumes from the latest checkpoint in `model_dir`.
 
@@ -143,62 +240,35 @@ def train(model_dir: str,
     the pipeline time of the skipped batches) or "reseed" (immediate, reseeded sampling but
     the file sources start over); see `xlm_jax.train.data.resume_plan`.
     `loss_normalization`: "per_objective" (each objective's loss is a mean over its own units)
-    or "pooled" (unilm InfoXLM: loss sums over all units); see `trainer.make_train_step`.
+    or "pooled" (unilm InfoXLM: loss sums over all units); see `step.make_train_step`.
     `profile_steps` > 0 records a `jax.profiler` trace of that many steps from step index
     `profile_first_step` (the default 1 skips the compiling step) into `model_dir`, where
     TensorBoard's profile plugin finds it (`plugins/profile/`); only process 0 traces.
+    `after_step(step, wait_for_checkpoints)` is called after every step's metrics and save
+    (e.g. a job's own bookkeeping; the tests park a run there to kill it after a save).
     """
     data_lib.resume_plan(seed, 0, data_resume)  # a bad mode fails before anything is built
-    if loss_normalization not in trainer_lib.LOSS_NORMALIZATIONS:
+    if loss_normalization not in step_lib.LOSS_NORMALIZATIONS:
         raise ValueError(f"loop.train.loss_normalization={loss_normalization!r}: expected one "
-                         f"of {', '.join(trainer_lib.LOSS_NORMALIZATIONS)}")
+                         f"of {', '.join(step_lib.LOSS_NORMALIZATIONS)}")
     ckpt = ckpt_lib.Checkpointer(model_dir, checkpoint)  # fails now if model_dir is unwritable
     device_mesh = partitioning.make_mesh(mesh, jax.devices()[:num_devices] if num_devices else None)
-    dp = partitioning.data_parallel_size(device_mesh)
-    if batch_size % dp:
-        raise ValueError(f"global batch size {batch_size} is not divisible by the data-parallel "
-                         f"size {dp} (mesh data x fsdp = {dict(device_mesh.shape)})")
-    if batch_size % accum_steps or (batch_size // accum_steps) % dp:
-        raise ValueError(f"global batch size {batch_size} with accum_steps={accum_steps} gives "
-                         f"microbatches not divisible by the data-parallel size {dp}")
+    _check_batch(batch_size, accum_steps, device_mesh)
     if not force_synthetic:  # synthetic runs (the benchmark) must not need TensorFlow
         data_lib.import_modules(task_modules)
     # the seqio tasks/mixtures the run reads (none when every stream is synthetic)
     seqio_tasks = [] if force_synthetic else [
         spec.task for spec in objectives.values() if not spec.task.startswith(data_lib.SYNTHETIC)]
-    languages = data_lib.language_list(seqio_tasks)
-    if languages and model.num_languages and model.num_languages < len(languages) + 1:
-        raise ValueError(f"model num_languages={model.num_languages} is too small for the "
-                         f"tasks' language list of {len(languages)} languages (lang_ids go up "
-                         f"to {len(languages)}; set num_languages >= {len(languages) + 1})")
-
-    vocab = data_lib.vocabulary_size(seqio_tasks)
-    if vocab and vocab[0] > model.vocab_size:
-        raise ValueError(f"task {vocab[1]} has a vocabulary of {vocab[0]} ids but the model has "
-                         f"vocab_size={model.vocab_size}; set the model's vocab_size to "
-                         f"{vocab[0]} (loop.model_config.overrides), or register the task "
-                         "with the model's SentencePiece model")
+    languages = _check_tasks(model, seqio_tasks)
 
     net = Transformer(model)
-    objs = [trainer_lib.WeightedObjective(spec.factory(model=net, name=name), spec.weight)
-            for name, spec in objectives.items()]
-    plain = [o.objective for o in objs]
-    declarations.check_kinds(plain, {o.name: data_lib.task_kinds(objectives[o.name].task)
-                                     for o in objs if o.name in objectives and
-                                     not force_synthetic})
-    owners = declarations.module_owners(plain)
-    rules = declarations.merge_rules(partitioning.standard_logical_axis_rules(), plain,
-                                     axis_rule_overrides)
-    optim_lib.check_module_multipliers(optimizer, owners)
+    objs, rules = _build_objectives(net, objectives, axis_rule_overrides, optimizer,
+                                    check_tasks=not force_synthetic)
     schedule = optim_lib.make_schedule(optimizer)
     tx = optim_lib.make_optimizer(optimizer)
-    init_fn = trainer_lib.make_init_fn(net, objs, tx, seq_len)
-    boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
-    declarations.check_encoder_params_used(plain, boxed.params)
-    declarations.check_logical_names(plain, boxed.params, boxed.obj_state, rules)
-    declarations.check_shared_shapes(
-        plain, lambda o: jax.eval_shape(o.init_modules, jax.random.PRNGKey(0)))
-    abstract, shardings = trainer_lib.state_shardings(init_fn, device_mesh, rules)
+    init_fn = step_lib.make_init_fn(net, objs, tx, seq_len)
+    _check_declarations([o.objective for o in objs], init_fn, rules)
+    abstract, shardings = step_lib.state_shardings(init_fn, device_mesh, rules)
     is_primary = jax.process_index() == 0
     if is_primary:
         _write_model_files(model_dir, model, spm_model, languages)
@@ -206,44 +276,16 @@ def train(model_dir: str,
     latest = ckpt.latest_step()
     with partitioning.activate(device_mesh, rules):
         if latest is None:
-            state = jax.jit(lambda r: nn.meta.unbox(init_fn(r)), out_shardings=shardings)(
-                jax.random.PRNGKey(seed))
-            if init_from:
-                from xlm_jax.encoder import load_encoder
-
-                pre = load_encoder(init_from)
-                if pre.config.vocab_size != model.vocab_size:
-                    raise ValueError(f"{init_from}: vocab_size={pre.config.vocab_size} but the "
-                                     f"model being trained has vocab_size={model.vocab_size}")
-                params = trainer_lib.load_pretrained_params(state.params, pre.params, init_from,
-                                                            vocab_size=model.vocab_size)
-                params = jax.device_put(params, shardings.params)
-                # objective state (an EMA key encoder) starts from the loaded parameters
-                obj_state = jax.jit(
-                    lambda p: nn.meta.unbox(trainer_lib.init_objective_state(objs, p)),
-                    out_shardings=shardings.obj_state)(params)
-                state = state.replace(params=params, obj_state=obj_state)
+            state = _fresh_state(init_fn, shardings, objs, model, seed, init_from)
             start = 0
             if save_initial and save_checkpoints:  # step 0 = the untrained model, for baselines
                 ckpt.save(0, flax.serialization.to_state_dict(state),
                           extra={"step": 0, "data_position": 0}, force=True)
         else:
-            target = jax.tree_util.tree_map(
-                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-            restored, extra = ckpt.restore(latest, flax.serialization.to_state_dict(target))
-            state = flax.serialization.from_state_dict(target, restored)
+            state, extra = _restored_state(ckpt, latest, abstract, shardings)
             start = int(extra["step"])
-            print(f"resumed from {model_dir} step {start}", file=out, flush=True)
-            if seqio_tasks and data_resume == "replay" and start:
-                print(f"replaying {start} batches of each input stream for the exact data order "
-                      "(loop.train.data_resume = 'reseed' restarts the data at once instead)",
-                      file=out, flush=True)
-            saved_processes = extra.get("process_count", jax.process_count())
-            if saved_processes != jax.process_count() and seqio_tasks:
-                print(f"note: saved with {saved_processes} processes, resumed with "
-                      f"{jax.process_count()}: each process now reads another shard of the "
-                      "data, so the data order differs from the uninterrupted run",
-                      file=out, flush=True)
+            _announce_resume(model_dir, start, seqio_tasks, data_resume, out,
+                             extra.get("process_count", jax.process_count()))
 
         tasks = {name: (f"{data_lib.SYNTHETIC}{o.objective.kind}" if force_synthetic else spec.task)
                  for o, (name, spec) in zip(objs, objectives.items())}
@@ -254,11 +296,11 @@ def train(model_dir: str,
                        num_languages=data_lib.synthetic_language_count(model.num_languages))
                    for i, (name, spec) in enumerate(objectives.items())}
         step_fn = jax.jit(
-            trainer_lib.make_train_step(objs, tx, schedule, accum_steps, loss_normalization),
+            step_lib.make_train_step(objs, tx, schedule, accum_steps, loss_normalization),
             in_shardings=(shardings, None, partitioning.replicated(device_mesh)),
             out_shardings=(shardings, partitioning.replicated(device_mesh)),
             donate_argnums=(0,))
-        eval_fn = jax.jit(trainer_lib.make_eval_step(objs))
+        eval_fn = jax.jit(step_lib.make_eval_step(objs))
         writer = metrics_lib.MetricsWriter(model_dir, is_primary=is_primary)
         progress = metrics_lib.Progress(train_steps, out=out, log_every=log_every,
                                         is_primary=is_primary, start_step=start)
@@ -269,7 +311,6 @@ def train(model_dir: str,
         tokens_per_step = 0.0
         last: dict[str, float] = {}
         window_tokens, window_start = 0, time.perf_counter()
-        stall = int(os.environ.get(STALL_ENV, "-1"))
         tracing = False
         for step in range(start, train_steps):
             if step == profile_first_step and profile_steps > 0 and is_primary:
@@ -285,13 +326,7 @@ def train(model_dir: str,
             if tracing and (done == profile_first_step + profile_steps or done == train_steps):
                 jax.profiler.stop_trace()
                 tracing = False
-            for o in objs:
-                value = float(metrics[f"{o.name}/loss"])
-                if not np.isfinite(value):
-                    ckpt.wait()
-                    raise FloatingPointError(
-                        f"non-finite loss {value} at step {done} in objective '{o.name}'; "
-                        f"last good checkpoint: step {ckpt.latest_step()} in {model_dir}")
+            _check_finite(metrics, objs, done, ckpt, model_dir)
             losses.append(float(metrics["loss"]))
             tokens_per_step = sum(int((v != model.pad_id).sum()) for b in local.values()
                                   for k, v in b.items() if k.endswith("input_ids")
@@ -319,12 +354,9 @@ def train(model_dir: str,
                                  "tasks": {n: s.task for n, s in objectives.items()}},
                           force=done == train_steps)
             if done == 1 and is_primary:
-                with open(os.path.join(model_dir, "operative_config.gin"), "w") as f:
-                    f.write(gin.operative_config_str())
-            if done == stall:
-                ckpt.wait()
-                while True:
-                    time.sleep(60)
+                md.write_operative_config(model_dir, gin.operative_config_str())
+            if after_step is not None:
+                after_step(done, ckpt.wait)
         ckpt.wait()
         ckpt.close()
         writer.close()
@@ -333,6 +365,19 @@ def train(model_dir: str,
                        tokens_per_step=tokens_per_step, flops_per_token=flops_per_token,
                        model=model, batch_size=batch_size, seq_len=seq_len,
                        objectives=tuple(objectives))
+
+
+def _check_finite(metrics: Mapping[str, Any], objs: Sequence[step_lib.WeightedObjective],
+                  step: int, ckpt: ckpt_lib.Checkpointer, model_dir: str) -> None:
+    """A non-finite loss stops the run, naming the objective and the last good checkpoint
+    (pending saves are finished first, so nothing written is lost)."""
+    for o in objs:
+        value = float(metrics[f"{o.name}/loss"])
+        if not np.isfinite(value):
+            ckpt.wait()
+            raise FloatingPointError(
+                f"non-finite loss {value} at step {step} in objective '{o.name}'; "
+                f"last good checkpoint: step {ckpt.latest_step()} in {model_dir}")
 
 
 def _evaluate(specs, objs, eval_fn, state, mesh, batch_size, seq_len, seed, model,
