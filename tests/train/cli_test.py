@@ -100,6 +100,15 @@ def test_objective_module_survives_sigkill_and_resumes_exactly(tmp_path):
     assert any("'opt_state'" in k and "probe_head" in k for k in state)  # and optimised
 
 
+def test_xlme_survives_sigkill_and_resumes_exactly(tmp_path):
+    """tests/testlib/xlme.gin: MRTD + TRTD with the shared generator and RTD head (the
+    generator's samples come from per-row keys drawn from the step, so they replay too)."""
+    straight, _, losses = _sigkill_resume(tmp_path, "--gin_file=tests/testlib/xlme.gin")
+    state = _state(straight)
+    assert any("'objectives']['generator']" in k for k in state)
+    assert losses[20] < losses[1]
+
+
 def test_sigkill_then_resume_is_exact(tmp_path):
     straight, killed, a = _sigkill_resume(tmp_path, SYNTH)
 

@@ -63,7 +63,9 @@ def model_config_to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
                     if getattr(cfg, k) != v}
     if incompatible:
         bad = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in incompatible)
-        raise ValueError(f"cannot export to XLM-R: {bad} has no XLM-R equivalent")
+        why = (" (HF XLM-R has no gated relative position bias: an XLM-E discriminator loads "
+               "with xlm_jax.load_encoder only)" if "position_type" in incompatible else "")
+        raise ValueError(f"cannot export to XLM-R: {bad} has no XLM-R equivalent{why}")
     return {
         "architectures": ["XLMRobertaForMaskedLM"], "model_type": "xlm-roberta",
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,

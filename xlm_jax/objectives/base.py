@@ -53,7 +53,8 @@ Batch = dict[str, Array]
 @flax.struct.dataclass
 class LossOutput:
     """loss_sum: summed loss; denominator: units in this (micro)batch; metrics: named sums
-    (reported divided by the global denominator, e.g. `correct` -> accuracy); state_inputs:
+    (reported divided by the global denominator, e.g. `correct` -> accuracy; a key starting
+    with "_" is only handed to `Objective.derived_metrics`); state_inputs:
     per-row arrays [rows, ...] for `Objective.after_update` (none by default)."""
 
     loss_sum: Array
@@ -152,6 +153,12 @@ class Objective(abc.ABC):
     def loss(self, params: Any, prepared: Batch, rng: Array, state: Any,
              deterministic: bool = False) -> LossOutput:
         """Summed loss of a prepared (micro)batch."""
+
+    def derived_metrics(self, sums: Mapping[str, Array]) -> dict[str, Array]:
+        """Metrics that are not a sum over the objective's units (precision, per-token rates),
+        computed from this step's global metric sums. Sums whose key starts with "_" are
+        inputs for this method only; the others are reported divided by the denominator."""
+        return {}
 
     def init_state(self, params: Any) -> Any:
         """Objective state (EMA encoders, queues) from the boxed initial parameters (the whole

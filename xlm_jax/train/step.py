@@ -198,10 +198,8 @@ def make_train_step(objectives: Sequence[WeightedObjective],
                                                       inputs[o.name])
                      for o in objectives}
         metrics: dict[str, Array] = {"loss": loss, "grad_norm": grad_norm}
-        for name in names:
-            for key, value in sums[name].items():
-                metrics[f"{name}/{key}"] = value / denoms[name]
-            metrics[f"{name}/count"] = denoms[name]
+        for o in objectives:
+            metrics.update(_reported(o, sums[o.name], denoms[o.name]))
         if schedule is not None:
             metrics["learning_rate"] = schedule(state.step)
         new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
@@ -209,6 +207,16 @@ def make_train_step(objectives: Sequence[WeightedObjective],
         return new_state, metrics
 
     return train_step
+
+
+def _reported(o: WeightedObjective, sums: Mapping[str, Array], denom: Array
+              ) -> dict[str, Array]:
+    """`name/key` metrics of one objective: its sums divided by its global unit count (keys
+    starting with "_" only feed `derived_metrics`), its derived metrics, and the count."""
+    out = {f"{o.name}/{k}": v / denom for k, v in sums.items() if not k.startswith("_")}
+    out.update({f"{o.name}/{k}": v for k, v in o.objective.derived_metrics(sums).items()})
+    out[f"{o.name}/count"] = denom
+    return out
 
 
 def make_eval_step(objectives: Sequence[WeightedObjective]) -> Callable[..., dict[str, Array]]:
@@ -223,9 +231,7 @@ def make_eval_step(objectives: Sequence[WeightedObjective]) -> Callable[..., dic
             prepared = o.objective.prepare(batches[o.name], prep_rng)
             out = o.objective.loss(state.params, prepared, loss_rng, state.obj_state[o.name],
                                    deterministic=True)
-            denom = jnp.maximum(out.denominator, 1.0)
-            for key, value in out.metrics.items():
-                metrics[f"{o.name}/{key}"] = value / denom
+            metrics.update(_reported(o, out.metrics, jnp.maximum(out.denominator, 1.0)))
         return metrics
 
     return eval_step

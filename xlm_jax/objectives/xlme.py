@@ -1,0 +1,286 @@
+"""XLM-E: multilingual and translation replaced-token detection (MRTD, TRTD).
+
+ELECTRA-style pre-training (Chi et al. 2022, "XLM-E: Cross-lingual Language Model
+Pre-training via ELECTRA"): a small generator fills masked positions, the discriminator (the
+shared encoder, the model that is kept) tells for every token whether it was replaced.
+
+One `ReplacedTokenDetection` objective per stream: `kind="mono"` is MRTD (with the generator's
+MLM), `kind="pair"` is TRTD on `<s> x </s></s> y </s>` rows (with the generator's TLM; masks
+are drawn over both sides). Per objective
+
+    L = L_gen + lambda * L_rtd,   L_gen = mean CE at the masked positions,
+                                  L_rtd = mean BCE over every non-pad token,
+
+so MRTD + TRTD in one mixture is the paper's `L_MLM + L_TLM + lambda (L_MRTD + L_TRTD)` with
+lambda = 50 (paper §4.1). Both objectives declare the modules `generator` and `rtd_head` as
+shared: one generator and one head serve both streams.
+
+- Masking (paper §2/§3.1: uniform selection, selected tokens replaced by [MASK]): every
+  selected token becomes `<mask>` (no 80/10/10); the rate is not given by the paper (gin
+  default 15%, our choice).
+- Generator: an encoder owned by the objective (`params["objectives"]["generator"]`) with the
+  discriminator's width by default and fewer layers (paper: 4/6/8 for Base/Large/XL, Tables
+  8-9). It shares the token embedding table with the discriminator (read from the encoder's
+  parameters, so both losses train it); a narrower generator reads the table through a learned
+  projection `embedding_projection` [d_disc, d_gen] (ELECTRA's small generators project their
+  embeddings the same way; note this multiplies the whole table, V x d_disc x d_gen FLOPs per
+  step). Its other parameters (positions, LayerNorms, layers, its MLM head with a decoder tied
+  to the shared table) are its own. Its position type follows the discriminator's unless set
+  (whether XLM-E's generator has the gated bias is not stated: our choice).
+- Replacement: a token sampled from the generator's softmax at temperature 1, with no
+  gradient through the sample (it is an integer; the discriminator loss reaches the generator
+  only through the shared embeddings). Samples use per-row keys drawn in `prepare`, so
+  gradient accumulation sees the same samples as one large step.
+- Labels: a position is "replaced" iff the token the discriminator sees differs from the
+  original. A sampled token equal to the original therefore counts as original, ELECTRA's
+  convention; XLM-E's text ("predict whether each token is replaced") does not settle this
+  case, so this is the reading we chose.
+- Normalisation: the trainer divides an objective's summed loss by one global unit count (here
+  the masked predictions); the RTD sum is rescaled by `n_masked / n_tokens` of the *global*
+  batch (counted in `prepare`), so `loss_sum / denominator` is exactly `L_gen + lambda L_rtd`
+  with and without accumulation.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from xlm_jax.models import heads as heads_lib
+from xlm_jax.models.common import normal_init
+from xlm_jax.models.config import POSITION_TYPES, ModelConfig
+from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.base import Batch, LossOutput, Objective, check_kind
+from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
+from xlm_jax.objectives.mlm import encoder_kwargs, masked_lm_sums
+
+WORD_EMBEDDINGS = "embeddings/word_embeddings/embedding"
+PROJECTION = "embedding_projection"  # generator param [d_disc, d_gen] when it is narrower
+GENERATOR_AXIS_RULES = (("embed_gen", None),)  # the projection's generator-width axis
+# Generator depth per discriminator size (XLM-E paper Tables 8-9: Base 4, Large 6, XL 8).
+GENERATOR_LAYERS = {"base": 4, "large": 6, "xl": 8}
+
+
+def generator_config(disc: ModelConfig, num_layers: int, hidden_size: int | None = None,
+                     num_heads: int | None = None, mlp_dim: int | None = None,
+                     position_type: str | None = None, owner: str = "xlme") -> ModelConfig:
+    """The generator's `ModelConfig`: the discriminator's, with the given depth and width.
+
+    Defaults keep the discriminator's width, head size and FFN ratio. A generator deeper or
+    wider than the discriminator is an error naming the setting (the generator is meant to be
+    the smaller model; a stronger one makes the detection task unlearnable, ELECTRA §3.2).
+    """
+    def bad(field: str, value: Any, why: str) -> ValueError:
+        return ValueError(f"{owner}: generator_{field}={value!r} {why}")
+
+    if not isinstance(num_layers, int) or num_layers < 1:
+        raise bad("layers", num_layers, "must be a positive integer")
+    if num_layers > disc.num_layers:
+        raise bad("layers", num_layers,
+                  f"is deeper than the discriminator ({disc.num_layers} layers)")
+    hidden = hidden_size or disc.hidden_size
+    if hidden > disc.hidden_size:
+        raise bad("hidden_size", hidden,
+                  f"is wider than the discriminator (hidden_size={disc.hidden_size})")
+    heads = num_heads or max(1, disc.num_heads * hidden // disc.hidden_size)
+    mlp = mlp_dim or disc.mlp_dim * hidden // disc.hidden_size
+    ptype = position_type or disc.position_type
+    if ptype not in POSITION_TYPES:
+        raise bad("position_type", ptype, f"must be one of {', '.join(POSITION_TYPES)}")
+    return disc.replace(num_layers=num_layers, hidden_size=hidden, num_heads=heads, mlp_dim=mlp,
+                        position_type=ptype, cross_attention=False)
+
+
+@flax.struct.dataclass
+class RTDForward:
+    """Everything one XLM-E forward computes, for the loss and for tests.
+
+    gen_logits [B, P, V'] at the masked positions; sampled [B, P] the generator's samples;
+    disc_ids [B, T] what the discriminator reads; labels [B, T] 1 = replaced; rtd_logits
+    [B, T]; valid [B, T] non-pad tokens; mlm_sum, mlm_correct, rtd_sum: summed terms.
+    """
+
+    gen_logits: jax.Array
+    sampled: jax.Array
+    disc_ids: jax.Array
+    labels: jax.Array
+    rtd_logits: jax.Array
+    valid: jax.Array
+    mlm_sum: jax.Array
+    mlm_correct: jax.Array
+    rtd_sum: jax.Array
+
+
+def replaced_ids(original: jax.Array, positions: jax.Array, sampled: jax.Array,
+                 weights: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(ids the discriminator reads, replaced labels): `original` with `sampled` written at the
+    real prediction slots (`weights` > 0); a position is replaced iff its id changed, so a
+    sample equal to the original is labelled original."""
+    rows = jnp.arange(original.shape[0])[:, None]
+    keep = jnp.take_along_axis(original, positions, axis=1)
+    new = jnp.where(weights > 0, sampled.astype(original.dtype), keep)
+    ids = original.at[rows, positions].set(new)
+    return ids, (ids != original).astype(jnp.float32)
+
+
+def sigmoid_bce(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Elementwise binary cross-entropy of sigmoid(logits) against 0/1 labels (stable form)."""
+    return jax.nn.softplus(logits) - labels * logits
+
+
+class ReplacedTokenDetection(Objective):
+    """XLM-E MRTD (`kind="mono"`) or TRTD (`kind="pair"`); see the module docstring."""
+
+    def __init__(self, model: Transformer, name: str = "mrtd", kind: str = "mono",
+                 generator_layers: int = 4, generator_hidden_size: int | None = None,
+                 generator_num_heads: int | None = None, generator_mlp_dim: int | None = None,
+                 generator_position_type: str | None = None, rtd_weight: float = 50.0,
+                 mask_prob: float = 0.15, max_predictions: int = 20,
+                 temperature: float = 1.0, generator_module: str = "generator",
+                 rtd_module: str = "rtd_head", use_lang_ids: bool | None = None):
+        owner = f"ReplacedTokenDetection(name={name!r})"
+        self.model, self.name = model, name
+        self.kind = check_kind(owner, kind, ("mono", "pair"))
+        disc = model.config
+        self.gen_config = generator_config(disc, generator_layers, generator_hidden_size,
+                                           generator_num_heads, generator_mlp_dim,
+                                           generator_position_type, owner)
+        if not (isinstance(rtd_weight, (int, float)) and rtd_weight >= 0):
+            raise ValueError(f"{owner}: rtd_weight={rtd_weight!r} (lambda) must be >= 0")
+        if not temperature > 0:
+            raise ValueError(f"{owner}: temperature={temperature!r} must be > 0")
+        self.rtd_weight, self.temperature = float(rtd_weight), float(temperature)
+        # uniform selection, every selected token -> <mask> (paper §2); rate: our choice
+        self.masking = MaskingConfig(mask_prob=mask_prob, max_predictions=max_predictions,
+                                     mask_token_prob=1.0, random_token_prob=0.0,
+                                     mask_id=disc.vocab_size - 1, vocab_size=disc.vocab_size)
+        self.generator_module, self.rtd_module = generator_module, rtd_module
+        self.shared_modules = (generator_module, rtd_module)
+        self.encoder_params_used = (WORD_EMBEDDINGS,)
+        self.use_lang_ids = disc.num_languages > 0 if use_lang_ids is None else use_lang_ids
+        self.generator = Transformer(self.gen_config)
+        self.rtd_head = heads_lib.RTDHead(disc)
+
+    # -- declarations ---------------------------------------------------------------------
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {self.generator_module: self.generator, self.rtd_module: self.rtd_head}
+
+    def logical_axis_rules(self) -> tuple[tuple[str, Any], ...]:
+        return GENERATOR_AXIS_RULES if self._narrow else ()
+
+    @property
+    def _narrow(self) -> bool:
+        return self.gen_config.hidden_size != self.model.config.hidden_size
+
+    def init_modules(self, rng: jax.Array) -> dict[str, Any]:
+        """The generator's parameters without a word-embedding table of its own (it reads the
+        discriminator's), plus the projection when it is narrower; the RTD head's."""
+        g_rng, p_rng, h_rng = jax.random.split(rng, 3)
+        cfg = self.gen_config
+        ids = jnp.ones((1, 8), jnp.int32)
+        kw = {"lang_ids": jnp.zeros((1, 8), jnp.int32)} if cfg.num_languages else {}
+        gen = dict(self.generator.init(g_rng, ids, **kw)["params"])
+        gen["embeddings"] = {k: v for k, v in gen["embeddings"].items()
+                             if k != "word_embeddings"}
+        if self._narrow:
+            init = normal_init(cfg, ("embed", "embed_gen"))
+            gen[PROJECTION] = init(p_rng, (self.model.config.hidden_size, cfg.hidden_size),
+                                   cfg.params_dtype)
+        head = self.rtd_head.init(h_rng, jnp.zeros((1, 1, self.model.config.hidden_size),
+                                                   self.model.config.compute_dtype))["params"]
+        return {self.generator_module: gen, self.rtd_module: head}
+
+    # -- the computation ------------------------------------------------------------------
+
+    def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
+        """Masks the global batch, draws one sampling key per row, and counts the global
+        masked predictions and tokens (broadcast per row, so microbatches carry them)."""
+        mask_rng, sample_rng = jax.random.split(rng)
+        ids = batch["input_ids"]
+        m = mask_tokens(mask_rng, ids, None, self.masking)
+        rows = ids.shape[0]
+        n_masked = jnp.sum(m.target_weights)
+        n_tokens = jnp.sum((ids != self.model.config.pad_id).astype(jnp.float32))
+        return {**batch, "original_ids": ids, "input_ids": m.input_ids,
+                "target_positions": m.target_positions, "target_ids": m.target_ids,
+                "target_weights": m.target_weights,
+                "sample_keys": jax.random.split(sample_rng, rows),
+                "global_masked": jnp.full((rows,), n_masked),
+                "global_tokens": jnp.full((rows,), n_tokens)}
+
+    def denominator(self, prepared: Batch) -> jax.Array:
+        return jnp.sum(prepared["target_weights"])
+
+    def _generator_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        own = dict(self.module_params(params, self.generator_module))
+        table = self.encoder_param(params, WORD_EMBEDDINGS)
+        if PROJECTION in own:
+            table = jnp.asarray(table, jnp.float32) @ jnp.asarray(own.pop(PROJECTION),
+                                                                  jnp.float32)
+        own["embeddings"] = {**own["embeddings"], "word_embeddings": {"embedding": table}}
+        return own
+
+    def forward(self, params: Mapping[str, Any], prepared: Batch, rng: jax.Array,
+                deterministic: bool = False) -> RTDForward:
+        """Generator MLM at the masked positions, sampling, discriminator RTD on every token."""
+        kwargs = encoder_kwargs(prepared, self.use_lang_ids)
+        gen_rng, disc_rng = jax.random.split(rng)
+        positions, targets = prepared["target_positions"], prepared["target_ids"]
+        weights = prepared["target_weights"]
+
+        def generate(mdl: Transformer) -> jax.Array:
+            h = mdl.encode(prepared["input_ids"], deterministic=deterministic, **kwargs)
+            return mdl.mlm_logits(h.last_hidden_state, positions)
+
+        gen_logits = self.generator.apply({"params": self._generator_params(params)},
+                                          rngs={"dropout": gen_rng}, method=generate)
+        mlm_sum, mlm_correct = masked_lm_sums(gen_logits, targets, weights)
+        logits = jax.lax.stop_gradient(gen_logits) / self.temperature
+        sampled = jax.vmap(lambda k, lg: jax.random.categorical(k, lg, axis=-1))(
+            prepared["sample_keys"], logits)
+        original = prepared["original_ids"]
+        disc_ids, labels = replaced_ids(original, positions, sampled, weights)
+        hidden = self.model.apply({"params": self.encoder_params(params)}, disc_ids,
+                                  deterministic=deterministic, rngs={"dropout": disc_rng},
+                                  method=Transformer.encode, **kwargs).last_hidden_state
+        rtd_logits = self.rtd_head.apply({"params": self.module_params(params, self.rtd_module)},
+                                         hidden)
+        valid = (original != self.model.config.pad_id).astype(jnp.float32)
+        rtd_sum = jnp.sum(sigmoid_bce(rtd_logits, labels) * valid)
+        return RTDForward(gen_logits=gen_logits, sampled=sampled, disc_ids=disc_ids,
+                          labels=labels, rtd_logits=rtd_logits, valid=valid, mlm_sum=mlm_sum,
+                          mlm_correct=mlm_correct, rtd_sum=rtd_sum)
+
+    def loss(self, params: Any, prepared: Batch, rng: jax.Array, state: Any,
+             deterministic: bool = False) -> LossOutput:
+        f = self.forward(params, prepared, rng, deterministic)
+        # global counts: loss_sum / (global masked) = mean CE + lambda * mean BCE, exactly
+        scale = prepared["global_masked"][0] / jnp.maximum(prepared["global_tokens"][0], 1.0)
+        loss_sum = f.mlm_sum + self.rtd_weight * f.rtd_sum * scale
+        predicted = (f.rtd_logits > 0).astype(jnp.float32) * f.valid
+        labels = f.labels * f.valid
+        count = jnp.sum(prepared["target_weights"])
+        metrics = {
+            "loss": loss_sum, "mlm_loss": f.mlm_sum, "mlm_accuracy": f.mlm_correct,
+            # replaced among the masked predictions (the rest were sampled back as original)
+            "replaced_fraction": jnp.sum(labels),
+            # raw sums ("_" prefix): turned into ratios by derived_metrics
+            "_tokens": jnp.sum(f.valid), "_rtd_loss": f.rtd_sum,
+            "_disc_correct": jnp.sum((predicted == labels) * f.valid),
+            "_true_pos": jnp.sum(predicted * labels), "_pred_pos": jnp.sum(predicted),
+            "_replaced": jnp.sum(labels)}
+        return LossOutput(loss_sum=loss_sum, denominator=count, metrics=metrics)
+
+    def derived_metrics(self, sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        """Discriminator loss and accuracy per token, precision and recall on replaced
+        tokens, from the global sums."""
+        tokens = jnp.maximum(sums["_tokens"], 1.0)
+        return {"rtd_loss": sums["_rtd_loss"] / tokens,
+                "rtd_accuracy": sums["_disc_correct"] / tokens,
+                "rtd_precision": sums["_true_pos"] / jnp.maximum(sums["_pred_pos"], 1.0),
+                "rtd_recall": sums["_true_pos"] / jnp.maximum(sums["_replaced"], 1.0)}
