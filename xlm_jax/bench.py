@@ -151,7 +151,8 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
              # run files leave these to the user; the benchmark needs neither real data nor a
              # schedule length (an unused macro binding is harmless)
              "TRAIN_STEPS = 1000000", "MONO_TASK = 'synthetic:mono'",
-             "PAIR_TASK = 'synthetic:pair'"]
+             "PAIR_TASK = 'synthetic:pair'", "TASK_MODULES = []", "XLCO_TASK = 'synthetic:mixup'",
+             "INIT_FROM = None"]
     if batch_size:
         extra.append(f"loop.train.batch_size = {batch_size}")
     if seq_len:

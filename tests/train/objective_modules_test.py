@@ -199,6 +199,18 @@ def test_conflicting_rule_and_unknown_lr_multiplier_are_named(tmp_path):
         optimizer=optim.OptimizerConfig(module_lr_multipliers={"generator": 2.0}))
 
 
+def test_feature_the_kind_does_not_have_is_named(tmp_path):
+    class NeedsX(TokenProbe):
+        def features(self):
+            return ("input_ids", "x_input_ids")
+
+    specs = _with_probe()
+    specs["probe"] = loop.ObjectiveSpec(factory=lambda model, name: NeedsX(model, name=name),
+                                        task="synthetic:mono")
+    _fails_before_compiling(tmp_path, specs, r"objective 'probe' \(NeedsX\) reads feature\(s\) "
+                                             r"\['x_input_ids'\], which examples of kind 'mono'")
+
+
 def test_task_of_the_wrong_kind_fails_before_compiling_naming_both(tmp_path):
     pytest.importorskip("seqio")
     specs = {"tlm": loop.ObjectiveSpec(

@@ -15,6 +15,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 
+from xlm_jax.data.features import feature_names
 from xlm_jax.objectives.base import ENCODER, OBJECTIVES, Objective
 
 Rules = tuple[tuple[str, Any], ...]
@@ -141,13 +142,19 @@ def check_shared_shapes(objectives: Sequence[Objective], init_modules: Any) -> N
 
 def check_kinds(objectives: Sequence[Objective], task_kinds: Mapping[str, list[tuple[str, str]]]
                 ) -> None:
-    """Each objective's tasks are registered with the example kind it reads.
+    """Each objective reads only features its example kind has, and its tasks are registered
+    with that kind.
 
     `task_kinds[objective name]` = [(task name, registered kind)] for every seqio Task behind
     that objective's task or mixture (synthetic streams are built from the objective's kind
     and need no check).
     """
     for o in objectives:
+        missing = sorted(set(o.features()) - set(feature_names(o.kind)))
+        if missing:
+            raise ValueError(f"objective {o.name!r} ({type(o).__name__}) reads feature(s) "
+                             f"{missing}, which examples of kind {o.kind!r} do not have "
+                             f"(they have {', '.join(feature_names(o.kind))})")
         for task, kind in task_kinds.get(o.name, []):
             if kind != o.kind:
                 raise ValueError(f"objective {o.name!r} ({type(o).__name__}) reads examples of "

@@ -184,9 +184,8 @@ def _build_objectives(net: Transformer, specs: Mapping[str, ObjectiveSpec],
     objs = [step_lib.WeightedObjective(spec.factory(model=net, name=name), spec.weight)
             for name, spec in specs.items()]
     plain = [o.objective for o in objs]
-    if check_tasks:
-        declarations.check_kinds(plain, {o.name: data_lib.task_kinds(specs[o.name].task)
-                                         for o in objs})
+    declarations.check_kinds(plain, {o.name: data_lib.task_kinds(specs[o.name].task)
+                                     for o in objs} if check_tasks else {})
     owners = declarations.module_owners(plain)
     rules = declarations.merge_rules(partitioning.standard_logical_axis_rules(), plain,
                                      axis_rule_overrides)
