@@ -57,6 +57,7 @@ def test_loss_terms_and_metrics_match_numpy(kind, narrow):
     labels = (disc != original).astype(np.float64)
     np.testing.assert_array_equal(np.asarray(f.labels), labels)
     assert 0 < labels.sum() < w.sum() + 1 and (sampled < CFG.vocab_size).all()
+    assert (sampled >= 4).all() and (sampled != CFG.vocab_size - 1).all()  # regular tokens
 
     mlm, correct = _np_ce(f.gen_logits, prep["target_ids"], w)
     valid = (original != CFG.pad_id).astype(np.float64)

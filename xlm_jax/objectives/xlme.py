@@ -27,8 +27,9 @@ shared: one generator and one head serve both streams.
   step). Its other parameters (positions, LayerNorms, layers, its MLM head with a decoder tied
   to the shared table) are its own. Its position type follows the discriminator's unless set
   (whether XLM-E's generator has the gated bias is not stated: our choice).
-- Replacement: a token sampled from the generator's softmax at temperature 1, with no
-  gradient through the sample (it is an integer; the discriminator loss reaches the generator
+- Replacement: a token sampled from the generator's softmax at temperature 1 over the
+  regular tokens (special ids excluded: our choice, see `forward`), with no gradient through
+  the sample (it is an integer; the discriminator loss reaches the generator
   only through the shared embeddings). Samples use per-row keys drawn in `prepare`, so
   gradient accumulation sees the same samples as one large step.
 - Labels: a position is "replaced" iff the token the discriminator sees differs from the
@@ -240,7 +241,13 @@ class ReplacedTokenDetection(Objective):
         gen_logits = self.generator.apply({"params": self._generator_params(params)},
                                           rngs={"dropout": gen_rng}, method=generate)
         mlm_sum, mlm_correct = masked_lm_sums(gen_logits, targets, weights)
-        logits = jax.lax.stop_gradient(gen_logits) / self.temperature
+        # Replacements are regular tokens: a sampled <pad> would turn the position into padding
+        # for the discriminator (the encoder derives padding from the ids), and <s>, </s>,
+        # <unk>, <mask> never stand for a word (our choice; the paper does not say).
+        vocab = jnp.arange(gen_logits.shape[-1])
+        special = (vocab < self.masking.first_regular_id) | (vocab == self.masking.mask_id)
+        logits = jnp.where(special, heads_lib.PADDED_LOGIT,
+                           jax.lax.stop_gradient(gen_logits) / self.temperature)
         sampled = jax.vmap(lambda k, lg: jax.random.categorical(k, lg, axis=-1))(
             prepared["sample_keys"], logits)
         original = prepared["original_ids"]
