@@ -52,10 +52,10 @@ def main() -> None:
     rows, summary = [], {}
     for v in a.variants:
         res = [run(a.out, v, s, a.steps) for s in a.seeds]
-        best = [r["after"]["per_layer"][str(r["after"]["best_layer"])] for r in res]
-        before = [max(r["before"]["per_layer"].values()) for r in res]
+        best = [100 * r["after"]["per_layer"][str(r["after"]["best_layer"])] for r in res]
+        before = [100 * max(r["before"]["per_layer"].values()) for r in res]
         layers = sorted(res[0]["after"]["per_layer"], key=int)
-        sweep = {ly: [r["after"]["per_layer"][ly] for r in res] for ly in layers}
+        sweep = {ly: [100 * r["after"]["per_layer"][ly] for r in res] for ly in layers}
         summary[v] = {"best": best, "before_best": before, "sweep": sweep,
                       "best_layers": [r["after"]["best_layer"] for r in res]}
         rows.append(f"| {v} | {fmt(before)} | {fmt(best)} (layers {summary[v]['best_layers']}) | "
