@@ -108,14 +108,13 @@ class XLCo(Objective):
         self.use_lang_ids = cfg.num_languages > 0 if use_lang_ids is None else use_lang_ids
         self.projection_dim = projection_dim
         self.dim = projection_dim or cfg.hidden_size
+        self.projection = (heads_lib.ProjectionHead(cfg, features=projection_dim)
+                           if projection_dim else None)
 
     # -- declarations ---------------------------------------------------------------------
 
     def modules(self) -> dict[str, nn.Module]:
-        if not self.projection_dim:
-            return {}
-        return {self.name: heads_lib.ProjectionHead(self.model.config,
-                                                    features=self.projection_dim)}
+        return {self.name: self.projection} if self.projection is not None else {}
 
     def example_inputs(self, name: str) -> tuple[Any, ...]:
         return (jnp.zeros((1, self.model.config.hidden_size), self.model.config.compute_dtype),)
@@ -196,7 +195,7 @@ class XLCo(Objective):
         vec = self.model.apply({"params": params[ENCODER]}, rngs={"dropout": rng},
                                method=forward)
         if self.projection_dim:
-            vec = self.modules()[self.name].apply(
+            vec = self.projection.apply(
                 {"params": self.module_params(params, self.name)}, vec)
         vec = vec.astype(jnp.float32)
         if self.normalize:

@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax
 
 from xlm_jax.data.features import feature_names
-from xlm_jax.objectives.base import ENCODER, OBJECTIVES, Objective
+from xlm_jax.objectives.base import OBJECTIVES, Objective
 
 Rules = tuple[tuple[str, Any], ...]
 
@@ -115,12 +115,10 @@ def check_encoder_params_used(objectives: Sequence[Objective], params: Mapping[s
     """Every encoder parameter an objective says it reads (`encoder_params_used`) exists."""
     for o in objectives:
         for path in o.encoder_params_used:
-            node: Any = params[ENCODER]
-            for part in path.split("/"):
-                if not isinstance(node, Mapping) or part not in node:
-                    raise ValueError(f"objective {o.name!r} reads encoder parameter {path!r}, "
-                                     "which the encoder does not have")
-                node = node[part]
+            try:
+                o.encoder_param(params, path)
+            except KeyError as e:
+                raise ValueError(e.args[0]) from None
 
 
 def check_shared_shapes(objectives: Sequence[Objective], init_modules: Any) -> None:

@@ -194,13 +194,15 @@ def _build_objectives(net: Transformer, specs: Mapping[str, ObjectiveSpec],
 
 
 def _check_declarations(objectives: Sequence[Objective], init_fn: Callable[..., Any],
-                        rules: partitioning.Rules) -> None:
-    """The checks that need the state's shapes (traced, nothing computed or compiled)."""
+                        rules: partitioning.Rules) -> Any:
+    """The checks that need the state's shapes (traced, nothing computed or compiled);
+    returns the boxed abstract state they traced, for the shardings."""
     boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
     declarations.check_encoder_params_used(objectives, boxed.params)
     declarations.check_logical_names(objectives, boxed.params, boxed.obj_state, rules)
     declarations.check_shared_shapes(
         objectives, lambda o: jax.eval_shape(o.init_modules, jax.random.PRNGKey(0)))
+    return boxed
 
 
 @gin.configurable(denylist=["model_dir"])
@@ -266,8 +268,8 @@ def train(model_dir: str,
     schedule = optim_lib.make_schedule(optimizer)
     tx = optim_lib.make_optimizer(optimizer)
     init_fn = step_lib.make_init_fn(net, objs, tx, seq_len)
-    _check_declarations([o.objective for o in objs], init_fn, rules)
-    abstract, shardings = step_lib.state_shardings(init_fn, device_mesh, rules)
+    boxed = _check_declarations([o.objective for o in objs], init_fn, rules)
+    abstract, shardings = step_lib.state_shardings(init_fn, device_mesh, rules, boxed)
     is_primary = jax.process_index() == 0
     if is_primary:
         _write_model_files(model_dir, model, spm_model, languages)

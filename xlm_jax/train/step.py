@@ -102,9 +102,11 @@ def make_init_fn(model: Transformer, objectives: Sequence[WeightedObjective],
 
 
 def state_shardings(init_fn: Callable[[Array], TrainState], mesh: jax.sharding.Mesh,
-                    rules: partitioning.Rules) -> tuple[Any, Any]:
-    """(abstract unboxed state, its NamedShardings) from the logical annotations."""
-    boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
+                    rules: partitioning.Rules, boxed: Any = None) -> tuple[Any, Any]:
+    """(abstract unboxed state, its NamedShardings) from the logical annotations; `boxed` is
+    `jax.eval_shape(init_fn, key)` when the caller has traced it already."""
+    if boxed is None:
+        boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
     shardings = partitioning.logical_shardings(boxed, mesh, rules)
     partitioning.check_divisible(boxed, shardings)
     abstract = nn.meta.unbox(boxed)
