@@ -28,6 +28,12 @@ _CAMLM_ALLOWED = np.array(
 _BTMLM_STAGE1_ALLOWED = np.array(
     [[False, False, False], [False, True, False], [False, True, False]], dtype=bool
 )
+# One CAMLM pass per predicted side: the predicted side sees the other side (plus itself via
+# include_self), the other side sees only its own side.
+_CAMLM_PASS_ALLOWED = {
+    1: np.array([[False, False, False], [False, False, True], [False, False, True]], dtype=bool),
+    2: np.array([[False, False, False], [False, True, False], [False, True, False]], dtype=bool),
+}
 
 
 def _as_2d(name: str, x: Any) -> jax.Array:
@@ -152,6 +158,25 @@ def camlm_mask(pair_side: Any) -> jax.Array:
       pair_side: ``[B, T]`` int, 1 = first sentence, 2 = its translation, 0 = padding.
     """
     return side_rule_mask(pair_side, pair_side, _CAMLM_ALLOWED, include_self=True)
+
+
+def camlm_pass_mask(pair_side: Any, predict_side: int) -> jax.Array:
+    """ERNIE-M CAMLM as one pass per predicted side (the form `ErnieM` objectives use).
+
+    The tokens of `predict_side` see the other side plus their own position; the other side
+    sees only itself (bidirectionally). With :func:`camlm_mask` in one pass, a model deeper than
+    one layer lets a source token read the other source tokens in two hops (source -> target at
+    layer l, target -> source at layer l + 1); here the other side never reads the predicted
+    side, so a prediction depends on the other side and its own position only, at any depth.
+
+    Args:
+      pair_side: ``[B, T]`` int, 1 = first sentence, 2 = its translation, 0 = padding.
+      predict_side: 1 or 2, the side whose masked tokens this pass predicts.
+    """
+    if predict_side not in _CAMLM_PASS_ALLOWED:
+        raise ValueError(f"masks: camlm_pass_mask predict_side={predict_side!r} must be 1 or 2")
+    return side_rule_mask(pair_side, pair_side, _CAMLM_PASS_ALLOWED[predict_side],
+                          include_self=True)
 
 
 def btmlm_stage1_mask(pair_side: Any) -> jax.Array:

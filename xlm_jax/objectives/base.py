@@ -113,6 +113,12 @@ class Objective(abc.ABC):
         """Rules (logical name -> mesh axes) for names its modules and state introduce."""
         return ()
 
+    def bind_languages(self, languages: Sequence[str] | None) -> None:
+        """Called by the trainer before compiling with the run's `lang_ids` table (language
+        codes, id i + 1 = `languages[i]`), or None when the streams are synthetic and carry
+        no codes. Objectives whose settings name languages (ERNIE-M's BTMLM targets) resolve
+        them here and raise a ValueError naming the setting; nothing by default."""
+
     # -- parameter access -----------------------------------------------------------------
 
     @staticmethod

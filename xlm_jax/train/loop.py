@@ -265,6 +265,8 @@ def train(model_dir: str,
     net = Transformer(model)
     objs, rules = _build_objectives(net, objectives, axis_rule_overrides, optimizer,
                                     check_tasks=not force_synthetic)
+    for o in objs:
+        o.objective.bind_languages(languages)
     schedule = optim_lib.make_schedule(optimizer)
     tx = optim_lib.make_optimizer(optimizer)
     init_fn = step_lib.make_init_fn(net, objs, tx, seq_len)

@@ -1,0 +1,355 @@
+"""ERNIE-M: cross-attention MLM (CAMLM) and back-translation MLM (BTMLM).
+
+ERNIE-M (Ouyang et al. 2021, "ERNIE-M: Enhanced Multilingual Representation by Aligning
+Cross-lingual Semantics with Monolingual Corpora") adds two objectives to MMLM + TLM
+(`xlm_jax.objectives.mlm.MaskedLM`); both need the model's language embeddings
+(`ModelConfig.num_languages > 0`), which tell the model which language to read or produce.
+
+**CAMLM** (`CrossAttentionMLM`, translation pairs `<s> x </s></s> y </s>`): each side gets its
+own masked set (the paper's M_src and M_tgt, drawn separately on the two sides of one
+corruption), and a masked token is predicted from the *other* side and its own position only
+(paper §3.1, Fig. 2); `L_CAMLM = L_CAMLM(src) + L_CAMLM(tgt)`, each a mean over its side's
+predictions. Fig. 2 draws this visibility as one matrix (each side sees the other side and
+itself). Applied in one forward pass, that matrix lets a source token read the other source
+tokens in two hops in any model deeper than one layer (source -> target at layer l, target ->
+source at layer l + 1), while the text says the source is restored from the target. The
+default, `passes="two"`, runs one pass per predicted side in which the other side sees only
+itself (`masks.camlm_pass_mask`), so a source prediction is a function of the target and its
+own position at every depth; `passes="one"` is Fig. 2's single matrix (half the compute).
+Which of the two the paper ran is not stated: the default is our reading.
+
+**BTMLM** (`BackTranslationMLM`, monolingual rows), two stages inside one train step
+(paper §3.2, Fig. 4):
+1. the sentence is followed by placeholder `<mask>` tokens, `proportion` x its length of them
+   (paper Fig. 6 tries 5-20%; default 15%, our choice), carrying a target-language id and the
+   positions that continue the sentence's. Sentence tokens see the sentence; a placeholder sees
+   the sentence and itself (`masks.btmlm_stage1_mask`), so all placeholders are filled in one
+   non-autoregressive pass, from the current parameters under `stop_gradient`, without dropout;
+   argmax by default (`decoding="sample"` samples at `temperature`; the paper gives no rule:
+   our choice), over regular tokens only.
+2. the sentence plus its pseudo-tokens, attending bidirectionally, with source tokens masked
+   (80/10/10 as MLM; the pseudo-tokens are never masked), restores the masked source tokens:
+   `L_BTMLM` is the mean CE over those positions.
+A row stays `T` long: a sentence longer than `T / (1 + proportion)` tokens is cut to that
+length (its last kept token becomes `</s>`) to make room for its placeholders (our choice; the
+paper does not say how length is budgeted). The target language of a row is drawn uniformly
+among `target_languages` (the languages of the parallel data) other than the row's own; a
+list holding only the row's language gives that language (both our choices).
+
+What no source gives is a gin default marked as our choice in `objectives/ernie_m.gin`: mask
+rates, loss weights, the decoding rule, the target-language choice, the proportion.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from xlm_jax.data.features import EOS_ID, language_index
+from xlm_jax.models import heads as heads_lib
+from xlm_jax.models import masks as masks_lib
+from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.base import Batch, LossOutput, Objective
+from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
+from xlm_jax.objectives.mlm import masked_lm_sums
+
+VISIBILITIES = ("bidirectional", "camlm_src", "camlm_tgt", "camlm_one_pass", "btmlm_stage1")
+PASSES = ("two", "one")
+DECODINGS = ("argmax", "sample")
+
+
+def visibility(features: Mapping[str, jax.Array], kind: str) -> jax.Array:
+    """The attention mask [B, 1, T, T] an ERNIE-M pass gives the encoder.
+
+    `bidirectional` (MMLM, TLM, BTMLM stage 2): packing segments; `camlm_src` / `camlm_tgt`:
+    the CAMLM pass predicting side 1 / side 2; `camlm_one_pass`: Fig. 2's single matrix;
+    `btmlm_stage1`: sentence tokens see the sentence, placeholders the sentence and themselves.
+    Every kind is AND-ed with the packing segments, so packed pairs never see each other.
+    """
+    segments = masks_lib.segment_mask(features["segment_ids"])
+    if kind == "bidirectional":
+        return segments
+    side = features["pair_side"]
+    if kind == "camlm_src":
+        rule = masks_lib.camlm_pass_mask(side, 1)
+    elif kind == "camlm_tgt":
+        rule = masks_lib.camlm_pass_mask(side, 2)
+    elif kind == "camlm_one_pass":
+        rule = masks_lib.camlm_mask(side)
+    elif kind == "btmlm_stage1":
+        rule = masks_lib.btmlm_stage1_mask(side)
+    else:
+        raise ValueError(f"ernie_m: unknown visibility {kind!r}; expected one of {VISIBILITIES}")
+    return masks_lib.combine(segments, rule)
+
+
+def _require_languages(owner: str, model: Transformer) -> None:
+    if model.config.num_languages <= 0:
+        raise ValueError(
+            f"{owner} needs a model with language embeddings, but num_languages="
+            f"{model.config.num_languages}; set loop.model_config.overrides['num_languages'] "
+            "to the language list's size + 1")
+
+
+def _masking(model: Transformer, mask_prob: float, max_predictions: int) -> MaskingConfig:
+    cfg = model.config  # XLM-R layout: <mask> is the last id of the vocabulary
+    return MaskingConfig(mask_prob=mask_prob, max_predictions=max_predictions,
+                         mask_id=cfg.vocab_size - 1, vocab_size=cfg.vocab_size)
+
+
+def _encode_logits(model: Transformer, enc_params: Any, ids: jax.Array, features: Batch,
+                   mask: jax.Array, positions: jax.Array, rng: jax.Array,
+                   deterministic: bool) -> jax.Array:
+    """MLM logits [B, P, V'] at `positions` of one encoder pass under `mask`."""
+    def forward(mdl: Transformer) -> jax.Array:
+        h = mdl.encode(ids, positions=features["positions"], attention_mask=mask,
+                       segment_ids=features["segment_ids"], lang_ids=features["lang_ids"],
+                       deterministic=deterministic)
+        return mdl.mlm_logits(h.last_hidden_state, positions)
+
+    return model.apply({"params": enc_params}, rngs={"dropout": rng}, method=forward)
+
+
+def _ratio_metrics(sums: Mapping[str, jax.Array], pairs: Mapping[str, tuple[str, str]]
+                   ) -> dict[str, jax.Array]:
+    return {name: sums[num] / jnp.maximum(sums[den], 1.0) for name, (num, den) in pairs.items()}
+
+
+class CrossAttentionMLM(Objective):
+    """ERNIE-M CAMLM on translation pairs; see the module docstring."""
+
+    kind = "pair"
+
+    def __init__(self, model: Transformer, name: str = "camlm", mask_prob: float = 0.15,
+                 max_predictions: int = 20, passes: str = "two"):
+        owner = f"CrossAttentionMLM(name={name!r})"
+        _require_languages(owner, model)
+        if passes not in PASSES:
+            raise ValueError(f"{owner}: passes={passes!r} must be one of {', '.join(PASSES)}")
+        self.model, self.name, self.passes = model, name, passes
+        self.masking = _masking(model, mask_prob, max_predictions)
+
+    def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
+        """One corruption with a masked set per side; the slots of side 1 come first ([B, P]
+        each, so [B, 2P] in all) and the global per-side counts ride along per row."""
+        ids, side = batch["input_ids"], batch["pair_side"]
+        src_rng, tgt_rng = jax.random.split(rng)
+        src = mask_tokens(src_rng, ids, side == 1, self.masking)
+        tgt = mask_tokens(tgt_rng, src.input_ids, side == 2, self.masking)  # disjoint sets
+        rows = ids.shape[0]
+        return {**batch, "input_ids": tgt.input_ids,
+                "target_positions": jnp.concatenate([src.target_positions,
+                                                     tgt.target_positions], axis=1),
+                "target_ids": jnp.concatenate([src.target_ids, tgt.target_ids], axis=1),
+                "target_weights": jnp.concatenate([src.target_weights, tgt.target_weights],
+                                                  axis=1),
+                "global_src": jnp.full((rows,), jnp.sum(src.target_weights)),
+                "global_tgt": jnp.full((rows,), jnp.sum(tgt.target_weights))}
+
+    def denominator(self, prepared: Batch) -> jax.Array:
+        return jnp.sum(prepared["target_weights"])
+
+    def side_logits(self, params: Any, prepared: Batch, rng: jax.Array,
+                    deterministic: bool = False) -> tuple[jax.Array, jax.Array]:
+        """Logits [B, P, V'] at the source slots and at the target slots."""
+        p = self.masking.max_predictions
+        pos = prepared["target_positions"]
+        enc = self.encoder_params(params)
+        ids = prepared["input_ids"]
+        if self.passes == "one":
+            mask = visibility(prepared, "camlm_one_pass")
+            logits = _encode_logits(self.model, enc, ids, prepared, mask, pos, rng, deterministic)
+            return logits[:, :p], logits[:, p:]
+        src_rng, tgt_rng = jax.random.split(rng)
+        src = _encode_logits(self.model, enc, ids, prepared, visibility(prepared, "camlm_src"),
+                             pos[:, :p], src_rng, deterministic)
+        tgt = _encode_logits(self.model, enc, ids, prepared, visibility(prepared, "camlm_tgt"),
+                             pos[:, p:], tgt_rng, deterministic)
+        return src, tgt
+
+    def loss(self, params: Any, prepared: Batch, rng: jax.Array, state: Any,
+             deterministic: bool = False) -> LossOutput:
+        p = self.masking.max_predictions
+        src_logits, tgt_logits = self.side_logits(params, prepared, rng, deterministic)
+        targets, weights = prepared["target_ids"], prepared["target_weights"]
+        src_sum, src_ok = masked_lm_sums(src_logits, targets[:, :p], weights[:, :p])
+        tgt_sum, tgt_ok = masked_lm_sums(tgt_logits, targets[:, p:], weights[:, p:])
+        n_src, n_tgt = prepared["global_src"][0], prepared["global_tgt"][0]
+        total = n_src + n_tgt
+        # loss_sum / (global predictions) = mean over source + mean over target (the paper's
+        # L(src) + L(tgt)), with and without accumulation
+        loss_sum = (src_sum * total / jnp.maximum(n_src, 1.0)
+                    + tgt_sum * total / jnp.maximum(n_tgt, 1.0))
+        metrics = {"loss": loss_sum, "accuracy": src_ok + tgt_ok,
+                   "_src_loss": src_sum, "_src_correct": src_ok,
+                   "_src_count": jnp.sum(weights[:, :p]), "_tgt_loss": tgt_sum,
+                   "_tgt_correct": tgt_ok, "_tgt_count": jnp.sum(weights[:, p:])}
+        return LossOutput(loss_sum=loss_sum, denominator=jnp.sum(weights), metrics=metrics)
+
+    def derived_metrics(self, sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        """Loss and accuracy of each side's predictions."""
+        return _ratio_metrics(sums, {
+            "src_loss": ("_src_loss", "_src_count"), "src_accuracy": ("_src_correct", "_src_count"),
+            "tgt_loss": ("_tgt_loss", "_tgt_count"), "tgt_accuracy": ("_tgt_correct", "_tgt_count")})
+
+
+@flax.struct.dataclass
+class PseudoTokens:
+    """Stage 1's output: ids [B, S] at the placeholder slots, weights [B, S] (1 = real)."""
+
+    ids: jax.Array
+    weights: jax.Array
+
+
+class BackTranslationMLM(Objective):
+    """ERNIE-M BTMLM on monolingual rows; see the module docstring."""
+
+    kind = "mono"
+
+    def __init__(self, model: Transformer, name: str = "btmlm",
+                 target_languages: Sequence[str] = (), proportion: float = 0.15,
+                 decoding: str = "argmax", temperature: float = 1.0, mask_prob: float = 0.15,
+                 max_predictions: int = 20):
+        owner = f"BackTranslationMLM(name={name!r})"
+        self.owner = owner
+        _require_languages(owner, model)
+        if isinstance(target_languages, str):
+            target_languages = [target_languages]
+        self.target_languages = tuple(target_languages)
+        if not self.target_languages:
+            raise ValueError(f"{owner}: target_languages is empty: BTMLM needs the languages "
+                             "of the parallel data to translate into")
+        if not (isinstance(proportion, (int, float)) and 0.0 < proportion <= 1.0):
+            raise ValueError(f"{owner}: proportion={proportion!r} (pseudo-tokens per source "
+                             "token) must be in (0, 1]")
+        if decoding not in DECODINGS:
+            raise ValueError(f"{owner}: decoding={decoding!r} must be one of "
+                             f"{', '.join(DECODINGS)}")
+        if not temperature > 0:
+            raise ValueError(f"{owner}: temperature={temperature!r} must be > 0")
+        self.model, self.name = model, name
+        self.proportion, self.decoding, self.temperature = float(proportion), decoding, temperature
+        self.masking = _masking(model, mask_prob, max_predictions)
+        self.bind_languages(None)
+
+    def bind_languages(self, languages: Sequence[str] | None) -> None:
+        """Resolves `target_languages` to `lang_ids` in the run's table. Synthetic streams have
+        no codes: there the i-th target is id 1 + i mod (num_languages - 1)."""
+        rows = self.model.config.num_languages
+        if languages is None:
+            ids = [1 + i % (rows - 1) for i in range(len(self.target_languages))]
+        else:
+            ids = []
+            for code in self.target_languages:
+                try:
+                    ids.append(language_index(code, languages))
+                except ValueError as e:
+                    raise ValueError(f"{self.owner}: target_languages has {code!r}: {e}") from None
+        self.target_ids = tuple(ids)
+
+    # -- stage inputs ---------------------------------------------------------------------
+
+    def _slots(self, length: int) -> tuple[int, int]:
+        """(longest kept sentence, placeholder slots) for rows of `length` tokens."""
+        keep = int(length // (1.0 + self.proportion))
+        return keep, min(length - 1, math.ceil(self.proportion * keep) + 1)
+
+    def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
+        """Cuts and extends every row for the two stages, draws target languages and the
+        stage-2 source masking; no parameters involved."""
+        ids = batch["input_ids"]
+        rows, length = ids.shape
+        lang_rng, mask_rng, sample_rng = jax.random.split(rng, 3)
+        keep_max, slots = self._slots(length)
+        n = jnp.sum((batch["segment_ids"] > 0).astype(jnp.int32), axis=1)
+        keep = jnp.minimum(n, keep_max)
+        m = jnp.where(keep > 0, jnp.maximum(1, jnp.floor(self.proportion * keep + 0.5)), 0)
+        m = jnp.minimum(m.astype(jnp.int32), length - keep)
+        idx = jnp.arange(length)[None, :]
+        src = idx < keep[:, None]
+        ph = (idx >= keep[:, None]) & (idx < (keep + m)[:, None])
+        pad = self.model.config.pad_id
+        source = jnp.where(src, ids, pad)
+        cut = (n > keep)[:, None] & (idx == keep[:, None] - 1)
+        source = jnp.where(cut, jnp.asarray(EOS_ID, ids.dtype), source)
+
+        # target language: uniform over target_ids other than the row's own language
+        own = batch["lang_ids"][:, 0]
+        targets = jnp.asarray(self.target_ids, jnp.int32)
+        other = targets[None, :] != own[:, None]
+        choices = jnp.where(jnp.any(other, axis=1, keepdims=True), other, True)
+        pick = jax.random.categorical(lang_rng, jnp.where(choices, 0.0, -jnp.inf), axis=-1)
+        target_lang = targets[pick]
+
+        real = src | ph
+        features = {
+            "positions": jnp.where(real, idx, 0).astype(jnp.int32),
+            "segment_ids": real.astype(jnp.int32),
+            "pair_side": jnp.where(src, 1, jnp.where(ph, 2, 0)).astype(jnp.int32),
+            "lang_ids": jnp.where(src, own[:, None],
+                                  jnp.where(ph, target_lang[:, None], 0)).astype(jnp.int32)}
+        mask_id = jnp.asarray(self.masking.mask_id, ids.dtype)
+        stage1 = jnp.where(ph, mask_id, source)
+        masked = mask_tokens(mask_rng, source, src, self.masking)
+        slot = jnp.arange(slots)[None, :]
+        return {**features, "source_ids": source, "stage1_ids": stage1,
+                "input_ids": jnp.where(ph, mask_id, masked.input_ids),
+                "placeholder_positions": jnp.minimum(keep[:, None] + slot, length - 1
+                                                     ).astype(jnp.int32),
+                "placeholder_weights": (slot < m[:, None]).astype(jnp.float32),
+                "target_language": target_lang,
+                "target_positions": masked.target_positions, "target_ids": masked.target_ids,
+                "target_weights": masked.target_weights,
+                "sample_keys": jax.random.split(sample_rng, rows)}
+
+    def denominator(self, prepared: Batch) -> jax.Array:
+        return jnp.sum(prepared["target_weights"])
+
+    def pseudo_tokens(self, params: Any, prepared: Batch) -> PseudoTokens:
+        """Stage 1: the placeholders filled in one pass from the current parameters, under
+        stop_gradient and without dropout."""
+        enc = jax.lax.stop_gradient(self.encoder_params(params))
+        logits = _encode_logits(self.model, enc, prepared["stage1_ids"], prepared,
+                                visibility(prepared, "btmlm_stage1"),
+                                prepared["placeholder_positions"], jax.random.PRNGKey(0), True)
+        vocab = jnp.arange(logits.shape[-1])
+        special = (vocab < self.masking.first_regular_id) | (vocab == self.masking.mask_id)
+        logits = jnp.where(special, heads_lib.PADDED_LOGIT, logits)
+        if self.decoding == "argmax":
+            ids = jnp.argmax(logits, axis=-1)
+        else:
+            ids = jax.vmap(lambda k, lg: jax.random.categorical(k, lg, axis=-1))(
+                prepared["sample_keys"], logits / self.temperature)
+        ids = jax.lax.stop_gradient(ids).astype(prepared["input_ids"].dtype)
+        return PseudoTokens(ids=ids, weights=prepared["placeholder_weights"])
+
+    def stage2_ids(self, prepared: Batch, pseudo: PseudoTokens) -> jax.Array:
+        """The stage-2 input: the masked sentence with its pseudo-tokens written in."""
+        ids, pos = prepared["input_ids"], prepared["placeholder_positions"]
+        rows = jnp.arange(ids.shape[0])[:, None]
+        old = jnp.take_along_axis(ids, pos, axis=1)
+        return ids.at[rows, pos].set(jnp.where(pseudo.weights > 0, pseudo.ids, old))
+
+    def loss(self, params: Any, prepared: Batch, rng: jax.Array, state: Any,
+             deterministic: bool = False) -> LossOutput:
+        pseudo = self.pseudo_tokens(params, prepared)
+        ids = self.stage2_ids(prepared, pseudo)
+        logits = _encode_logits(self.model, self.encoder_params(params), ids, prepared,
+                                visibility(prepared, "bidirectional"),
+                                prepared["target_positions"], rng, deterministic)
+        weights = prepared["target_weights"]
+        loss_sum, correct = masked_lm_sums(logits, prepared["target_ids"], weights)
+        # how often a pseudo-token copies a token of its own sentence (a collapse indicator)
+        copies = jnp.any(pseudo.ids[:, :, None] == prepared["source_ids"][:, None, :], axis=-1)
+        metrics = {"loss": loss_sum, "accuracy": correct,
+                   "_copied": jnp.sum(copies * pseudo.weights),
+                   "_pseudo": jnp.sum(pseudo.weights)}
+        return LossOutput(loss_sum=loss_sum, denominator=jnp.sum(weights), metrics=metrics)
+
+    def derived_metrics(self, sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        """The share of pseudo-tokens that copy a token of their own sentence."""
+        return _ratio_metrics(sums, {"pseudo_copy_rate": ("_copied", "_pseudo")})
