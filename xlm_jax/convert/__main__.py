@@ -27,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
             hf_lib.save_xlm_jax(args.out, cfg, params, spm_from=args.hf_dir)
         else:
             cfg, params = hf_lib.load_xlm_jax(args.checkpoint)
+            if cfg.cross_attention:  # a VECO stack: its NLU encoder is the exportable model
+                from xlm_jax.models.reassemble import nlu_encoder
+
+                cfg, params = nlu_encoder(cfg, params)
+                print("VECO checkpoint: exporting the NLU encoder (cross-attention dropped)")
             hf_lib.save_hf_dir(args.out, cfg, params, spm_from=args.checkpoint)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,0 +1,58 @@
+"""The paper run files configure what their comments cite: the objective mixtures of the
+ablation files and the optimiser/model values of the papers' tables (gin is parsed, nothing is
+trained; a typo in a mixture or a value drifting from its cited table fails here)."""
+import gin
+import pytest
+
+from xlm_jax.train import gin_utils
+
+REQUIRED = ["TASK_MODULES=[]", "MONO_TASK='m'", "PAIR_TASK='p'", "INIT_FROM='x'",
+            "TARGET_LANGUAGES=['de']", "VECO_MONO_TASK='vm'", "VECO_BI_TASK='vb'"]
+
+
+def _query(path, *names):
+    gin.clear_config()
+    try:
+        gin_utils.parse([path], REQUIRED)
+        return [gin.query_parameter(name) for name in names]  # "%NAME" = a macro's value
+    finally:
+        gin.clear_config()
+
+
+@pytest.mark.parametrize("exp, mixture", [
+    (1, {"mmlm"}), (2, {"mmlm", "tlm"}), (3, {"mmlm", "camlm"}),
+    (4, {"mmlm", "camlm", "btmlm"}), (5, {"mmlm", "tlm", "camlm", "btmlm"})])
+def test_ernie_m_ablation_files_train_their_mixture_for_50k_steps(exp, mixture):
+    objectives, steps, init = _query(f"runs/ernie_m_exp{exp}.gin", "loop.train.objectives",
+                                     "%TRAIN_STEPS", "%INIT_FROM")
+    assert set(objectives) == mixture and steps == 50000 and init == "x"
+
+
+@pytest.mark.parametrize("path, steps, lr, batch", [
+    ("runs/ernie_m_base.gin", 150000, 2e-4, 2048), ("runs/ernie_m_large.gin", 200000, 1e-4, 2048),
+    ("runs/ernie_m_small.gin", 240000, 3e-4, 1024)])
+def test_ernie_m_run_files_have_table_11(path, steps, lr, batch):
+    got = _query(path, "%TRAIN_STEPS", "%LEARNING_RATE", "%BATCH_SIZE", "optim.OptimizerConfig.b1",
+                 "optim.OptimizerConfig.b2", "optim.OptimizerConfig.eps",
+                 "optim.OptimizerConfig.weight_decay", "optim.OptimizerConfig.warmup_steps",
+                 "%SEQ_LEN", "loop.train.objectives")
+    assert got[:9] == [steps, lr, batch, 0.98, 0.999, 1e-6, 0.01, 10000, 512]
+    assert set(got[9]) == {"mmlm", "tlm", "camlm", "btmlm"}
+
+
+def test_xlme_run_file_has_table_10():
+    got = _query("runs/xlme_base.gin", "%TRAIN_STEPS", "optim.OptimizerConfig.learning_rate",
+                 "optim.OptimizerConfig.b2", "optim.OptimizerConfig.clip_norm", "%RTD_WEIGHT",
+                 "%GENERATOR_LAYERS", "loop.train.objectives")
+    assert got[:6] == [125000, 5e-4, 0.98, 2.0, 50.0, 4] and set(got[6]) == {"mrtd", "trtd"}
+
+
+@pytest.mark.parametrize("path, lr, b2, size", [("runs/veco_large.gin", 2e-4, 0.98, "large"),
+                                                ("runs/veco_small.gin", 3e-4, 0.999, "base")])
+def test_veco_run_files_have_table_5(path, lr, b2, size):
+    got = _query(path, "%TRAIN_STEPS", "%LEARNING_RATE", "optim.OptimizerConfig.b2",
+                 "optim.OptimizerConfig.warmup_steps", "%MONO_MASK_PROB", "%BI_MASK_PROB",
+                 "loop.model_config.size", "loop.model_config.overrides", "loop.train.objectives")
+    assert got[:7] == [240000, lr, b2, 12000, 0.15, 0.25, size]
+    assert got[7]["cross_attention"] is True and "num_languages" not in got[7]
+    assert set(got[8]) == {"veco_mono", "veco_bi", "tlm"}

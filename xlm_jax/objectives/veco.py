@@ -1,0 +1,177 @@
+"""VECO: inner-sequence and cross-sequence masked LM on one variable encoder-decoder.
+
+VECO (Luo et al. 2021, "VECO: Variable and Flexible Cross-lingual Pre-training for Language
+Understanding and Generation") trains one stack whose layers hold self-attention, an optional
+cross-attention block and an FFN (`ModelConfig.cross_attention=True`: the shared encoder owns
+the cross-attention parameters, so the checkpoint reassembles into an NLU encoder without them
+or an NLG encoder-decoder with them, `xlm_jax.models.reassemble`).
+
+`VariableMLM` reads `veco` examples, two aligned rows `x_*` and `y_*` (two adjacent segments of
+monolingual text, or a sentence and its translation) and computes, per the paper's Eq. 8,
+
+    L = IS(x) + IS(y) + CS(x -> y) + CS(y -> x),
+
+each a mean CE over its masked predictions:
+- IS-MLM(x): x, masked, through the stack with bidirectional self-attention and no
+  cross-attention; it restores x's masked tokens. Its last layer is X^(N). Same for y.
+- CS-MLM(x -> y): y, masked, with *causal* self-attention and cross-attention to
+  `stop_gradient(X^(N))` in every layer, restores y's masked tokens; no gradient reaches X^(N)
+  through this term (it trains the cross-attention and the y side only). Symmetric for y -> x.
+One corruption per row is drawn in `prepare` and used by both passes of that row (our choice:
+the paper does not say whether IS and CS share masks). Masking is 80/10/10 over regular tokens
+(as XLM-R; our choice), at 15% on monolingual and 25% on bilingual data (paper Table 5): the
+gin files build one objective per stream. `max_predictions` must hold every prediction the
+rate can make at the row length (`floor(mask_prob * T) + 1`); otherwise `prepare` fails naming
+the values instead of dropping predictions.
+
+The paper alternates monolingual and bilingual batches; this trainer runs every objective of
+the mixture every step (a mix with equal weights, our choice), so monolingual and bilingual
+VECO objectives and TLM all contribute to each update.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from xlm_jax.models import masks as masks_lib
+from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.base import Batch, LossOutput, Objective
+from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
+from xlm_jax.objectives.mlm import masked_lm_sums
+
+SIDES = ("x", "y")
+TERMS = ("is_x", "is_y", "cs_xy", "cs_yx")  # IS(x), IS(y), CS(x -> y), CS(y -> x)
+SIDE_OF = {"is_x": "x", "is_y": "y", "cs_xy": "y", "cs_yx": "x"}  # the row each term restores
+
+
+def needed_predictions(mask_prob: float, length: int) -> int:
+    """The most predictions `mask_tokens` can make in a row of `length` tokens at `mask_prob`
+    (k = floor(p n + u), u < 1, n <= length)."""
+    return int(math.floor(mask_prob * length)) + 1
+
+
+def side_inputs(batch: Mapping[str, jax.Array], side: str, use_lang_ids: bool
+                ) -> dict[str, jax.Array]:
+    """The encoder's keyword inputs of one row (`x_` or `y_` features, prefix stripped)."""
+    keys = ("positions", "segment_ids") + (("lang_ids",) if use_lang_ids else ())
+    return {k: batch[f"{side}_{k}"] for k in keys if f"{side}_{k}" in batch}
+
+
+def causal_self_mask(batch: Mapping[str, jax.Array], side: str) -> jax.Array:
+    """[B, 1, T, T]: a token sees the earlier tokens of its own segment and itself."""
+    return masks_lib.mask_from_features(
+        {"segment_ids": batch[f"{side}_segment_ids"], "positions": batch[f"{side}_positions"]},
+        "causal")
+
+
+def cross_mask(batch: Mapping[str, jax.Array], query: str, memory: str) -> jax.Array:
+    """[B, 1, Tq, Tk]: every real token of `query` reads every real token of `memory`."""
+    return masks_lib.padding_mask(batch[f"{query}_segment_ids"] > 0,
+                                  batch[f"{memory}_segment_ids"] > 0)
+
+
+class VariableMLM(Objective):
+    """VECO IS-MLM + CS-MLM on `veco` rows (x, y); see the module docstring."""
+
+    kind = "veco"
+
+    def __init__(self, model: Transformer, name: str = "veco", mask_prob: float = 0.15,
+                 max_predictions: int = 20, use_lang_ids: bool | None = None):
+        self.owner = f"VariableMLM(name={name!r})"
+        if not model.config.cross_attention:
+            raise ValueError(f"{self.owner} needs a model with cross-attention blocks "
+                             "(loop.model_config.overrides['cross_attention'] = True)")
+        self.model, self.name = model, name
+        cfg = model.config
+        self.masking = MaskingConfig(mask_prob=mask_prob, max_predictions=max_predictions,
+                                     mask_id=cfg.vocab_size - 1, vocab_size=cfg.vocab_size)
+        self.use_lang_ids = cfg.num_languages > 0 if use_lang_ids is None else use_lang_ids
+
+    def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
+        """Masks x and y (one corruption each, shared by the IS and CS passes)."""
+        out = dict(batch)
+        for i, side in enumerate(SIDES):
+            ids = batch[f"{side}_input_ids"]
+            need = needed_predictions(self.masking.mask_prob, ids.shape[1])
+            if need > self.masking.max_predictions:
+                raise ValueError(
+                    f"{self.owner}: mask_prob={self.masking.mask_prob:g} can select up to {need} "
+                    f"tokens in a row of {ids.shape[1]}, more than max_predictions="
+                    f"{self.masking.max_predictions}; set max_predictions >= {need}")
+            m = mask_tokens(jax.random.fold_in(rng, i), ids, None, self.masking)
+            out.update({f"{side}_input_ids": m.input_ids,
+                        f"{side}_target_positions": m.target_positions,
+                        f"{side}_target_ids": m.target_ids,
+                        f"{side}_target_weights": m.target_weights,
+                        # global count of the side's predictions, per row for microbatches
+                        f"{side}_global_count": jnp.full((ids.shape[0],),
+                                                         jnp.sum(m.target_weights))})
+        return out
+
+    def denominator(self, prepared: Batch) -> jax.Array:
+        # every masked token is predicted twice (IS and CS); the unit is one prediction
+        return 2.0 * sum(jnp.sum(prepared[f"{s}_target_weights"]) for s in SIDES)
+
+    def encode(self, params: Any, prepared: Batch, side: str, rng: jax.Array,
+               deterministic: bool, memory: jax.Array | None = None,
+               memory_side: str | None = None) -> jax.Array:
+        """Last hidden states of one row: IS (bidirectional, no memory) or, with `memory`,
+        CS (causal self-attention, cross-attention to `memory`)."""
+        kwargs = side_inputs(prepared, side, self.use_lang_ids)
+        if memory is not None:
+            kwargs.update(attention_mask=causal_self_mask(prepared, side), encoder_states=memory,
+                          cross_mask=cross_mask(prepared, side, memory_side))
+        return self.model.apply({"params": self.encoder_params(params)},
+                                prepared[f"{side}_input_ids"], deterministic=deterministic,
+                                rngs={"dropout": rng}, method=Transformer.encode,
+                                **kwargs).last_hidden_state
+
+    def _logits(self, params: Any, hidden: jax.Array, positions: jax.Array) -> jax.Array:
+        return self.model.apply({"params": self.encoder_params(params)}, hidden, positions,
+                                method=Transformer.mlm_logits)
+
+    def term_logits(self, params: Any, prepared: Batch, rng: jax.Array,
+                    deterministic: bool = False) -> dict[str, jax.Array]:
+        """{term: MLM logits [B, P, V'] at its row's masked positions} for IS(x), IS(y),
+        CS(x -> y), CS(y -> x)."""
+        rngs = jax.random.split(rng, 4)
+        hx = self.encode(params, prepared, "x", rngs[0], deterministic)
+        hy = self.encode(params, prepared, "y", rngs[1], deterministic)
+        hidden = {"is_x": hx, "is_y": hy,
+                  "cs_xy": self.encode(params, prepared, "y", rngs[2], deterministic,
+                                       memory=jax.lax.stop_gradient(hx), memory_side="x"),
+                  "cs_yx": self.encode(params, prepared, "x", rngs[3], deterministic,
+                                       memory=jax.lax.stop_gradient(hy), memory_side="y")}
+        return {t: self._logits(params, hidden[t], prepared[f"{SIDE_OF[t]}_target_positions"])
+                for t in TERMS}
+
+    def loss(self, params: Any, prepared: Batch, rng: jax.Array, state: Any,
+             deterministic: bool = False) -> LossOutput:
+        logits = self.term_logits(params, prepared, rng, deterministic)
+        sums = {t: masked_lm_sums(logits[t], prepared[f"{SIDE_OF[t]}_target_ids"],
+                                  prepared[f"{SIDE_OF[t]}_target_weights"]) for t in TERMS}
+        n = {s: jnp.sum(prepared[f"{s}_target_weights"]) for s in SIDES}
+        g = {s: prepared[f"{s}_global_count"][0] for s in SIDES}
+        g_total = 2.0 * (g["x"] + g["y"])
+        # loss_sum / (global predictions) = the sum of the four terms' means (Eq. 8), with and
+        # without accumulation: each term's sum is rescaled by the global counts
+        loss_sum = sum(sums[t][0] * g_total / jnp.maximum(g[SIDE_OF[t]], 1.0) for t in TERMS)
+        metrics = {"loss": loss_sum, "accuracy": sum(sums[t][1] for t in TERMS)}
+        for t in TERMS:
+            metrics[f"_{t}_loss"], metrics[f"_{t}_correct"] = sums[t]
+        for s in SIDES:
+            metrics[f"_{s}_count"] = n[s]
+        return LossOutput(loss_sum=loss_sum, denominator=2.0 * (n["x"] + n["y"]), metrics=metrics)
+
+    def derived_metrics(self, sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        """Loss and accuracy of each of the four terms."""
+        out = {}
+        for t in TERMS:
+            count = jnp.maximum(sums[f"_{SIDE_OF[t]}_count"], 1.0)
+            out[f"{t}_loss"] = sums[f"_{t}_loss"] / count
+            out[f"{t}_accuracy"] = sums[f"_{t}_correct"] / count
+        return out
