@@ -9,13 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from testlib.tiny_run import train_tiny
 from xlm_jax.data.synthetic import synthetic_batch
 from xlm_jax.models.config import get_config
 from xlm_jax.models.reassemble import encoder_decoder, nlu_encoder
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.veco import VariableMLM
-from xlm_jax.train import loop
 from xlm_jax.train.step import WeightedObjective, init_params
 
 CFG = get_config("tiny", vocab_size=64, num_layers=3, hidden_size=32, num_heads=4, mlp_dim=64,
@@ -57,20 +55,21 @@ def test_export_hf_writes_the_nlu_encoder_with_parity(tmp_path):
     from xlm_jax.convert.__main__ import main as convert_main
     from xlm_jax.encoder import load_encoder
 
-    spec = {"veco": loop.ObjectiveSpec(factory=lambda model, name: VariableMLM(
-        model, name=name, max_predictions=6), task="synthetic:veco")}
-    train_tiny(tmp_path / "run", 2, objectives=spec, model={"cross_attention": True})
+    from xlm_jax.convert import hf
+
+    _, params = _veco_params()  # a VECO stack (post-LN, absolute positions: XLM-R's layout)
+    hf.save_xlm_jax(str(tmp_path / "run"), CFG, params["encoder"])
     out = tmp_path / "hf"
     assert convert_main(["export-hf", "--checkpoint", str(tmp_path / "run"),
                          "--out", str(out)]) == 0
     model = transformers.XLMRobertaForMaskedLM.from_pretrained(str(out)).eval()
-    ids = np.array([[0, 5, 17, 200, 9, 2, 1, 1], [0, 44, 3, 2, 1, 1, 1, 1]])
+    ids = np.array([[0, 5, 17, 60, 9, 2, 1, 1], [0, 44, 3, 2, 1, 1, 1, 1]])
     mask = (ids != 1).astype(np.int64)
     with torch.no_grad():
         ref = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
                     output_hidden_states=True).hidden_states
     ours = load_encoder(str(tmp_path / "run")).hidden_states(ids, mask)  # the VECO stack
-    assert len(ref) == len(ours) == 3
+    assert len(ref) == len(ours) == 4
     for layer, r in enumerate(ref):
         np.testing.assert_allclose(ours[layer] * mask[..., None], r.numpy() * mask[..., None],
                                    atol=1e-4, err_msg=f"layer {layer}")

@@ -1,5 +1,5 @@
 """VECO (IS-MLM + CS-MLM on a stack with cross-attention) in the real trainer: 8 fake devices
-= 1 device, gradient accumulation exact (the four terms' means use global counts)."""
+with gradient accumulation = 1 device (the four terms' means use global counts)."""
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -22,17 +22,16 @@ def _state(model_dir):
         return ckptr.restore(md.trainer_state_dir(str(model_dir)))
 
 
-def test_eight_devices_match_one_and_accumulation_is_exact(tmp_path):
-    one = _train(tmp_path / "one", 3, model=MODEL, objectives=_veco())
-    eight = _train(tmp_path / "eight", 3, model=MODEL, objectives=_veco(),
+def test_eight_devices_with_accumulation_match_one_device(tmp_path):
+    """One run on 8 devices with 2 microbatches against one device and one batch: sharding
+    and accumulation (whose exactness rests on the global per-side counts) in one comparison."""
+    one = _train(tmp_path / "one", 3, model=MODEL, objectives=_veco(), batch=16)
+    eight = _train(tmp_path / "eight", 3, model=MODEL, objectives=_veco(), batch=16, accum=2,
                    mesh=partitioning.MeshConfig(data=2, fsdp=2, tensor=2), num_devices=8)
-    acc = _train(tmp_path / "acc", 3, model=MODEL, objectives=_veco(), accum=4)
     m = one.last_metrics
     terms = ("is_x", "is_y", "cs_xy", "cs_yx")
     assert abs(m["veco/loss"] - sum(m[f"veco/{t}_loss"] for t in terms)) < 1e-4
-    np.testing.assert_allclose(eight.losses, one.losses, atol=1e-5, rtol=0)
-    np.testing.assert_allclose(acc.losses, one.losses, atol=1e-5, rtol=1e-6)
+    np.testing.assert_allclose(eight.losses, one.losses, atol=1e-5, rtol=1e-6)
     b = _state(tmp_path / "one")
     assert "cross_attention" in b["params"]["encoder"]["layers_0"]
-    for other in ("eight", "acc"):
-        _assert_close(_state(tmp_path / other)["params"], b["params"], 1e-5)
+    _assert_close(_state(tmp_path / "eight")["params"], b["params"], 1e-5)

@@ -136,9 +136,10 @@ def side_rule_mask(side_q: Any, side_k: Any, allowed: Any, include_self: bool) -
         )
     num_sides = allowed.shape[0]
     for name, side in (("side_q", side_q), ("side_k", side_k)):
-        # Out-of-range sides would be silently clamped by the gather; check when concrete.
+        # Out-of-range sides would be silently clamped by the gather; check when concrete
+        # (with numpy: a concrete array closed over inside a jit trace would stage jnp.min)
         if not isinstance(side, jax.core.Tracer) and side.size:
-            lo, hi = int(jnp.min(side)), int(jnp.max(side))
+            lo, hi = int(np.min(np.asarray(side))), int(np.max(np.asarray(side)))
             if lo < 0 or hi >= num_sides:
                 raise ValueError(
                     f"masks: {name} values must be in [0, {num_sides}) for a {num_sides}-side "
