@@ -313,3 +313,23 @@ def test_btmlm_loss_matches_numpy():
 def test_bad_settings_fail_with_the_setting_named(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_a_zero_language_table_continues_xlmr_exactly():
+    """runs/ernie_m_base.gin adds a language table to XLM-R with language_init='zeros': the
+    loaded model computes XLM-R's hidden states whatever the lang_ids."""
+    from xlm_jax.train.step import load_pretrained_params
+
+    plain = CFG.replace(num_languages=0)
+    ids = jnp.asarray(PAIR["input_ids"])
+    xlmr = Transformer(plain).init(jax.random.PRNGKey(1), ids)["params"]
+    ernie = Transformer(CFG.replace(language_init="zeros"))
+    fresh = nn.meta.unbox(ernie.init(jax.random.PRNGKey(2), ids, lang_ids=ids * 0 + 1)["params"])
+    loaded = load_pretrained_params({"encoder": fresh}, nn.meta.unbox(xlmr), "xlmr")["encoder"]
+    want = Transformer(plain).apply({"params": nn.meta.unbox(xlmr)}, ids).last_hidden_state
+    got = ernie.apply({"params": loaded}, ids, lang_ids=jnp.asarray(PAIR["lang_ids"])
+                      ).last_hidden_state
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
+    normal = Transformer(CFG).init(jax.random.PRNGKey(2), ids, lang_ids=ids)["params"]
+    assert np.abs(np.asarray(nn.meta.unbox(normal)["embeddings"]["lang_embeddings"]["embedding"])
+                  ).max() > 0  # the default table is not zero

@@ -38,6 +38,8 @@ def test_ernie_m_run_files_have_table_11(path, steps, lr, batch):
                  "%SEQ_LEN", "loop.train.objectives")
     assert got[:9] == [steps, lr, batch, 0.98, 0.999, 1e-6, 0.01, 10000, 512]
     assert set(got[9]) == {"mmlm", "tlm", "camlm", "btmlm"}
+    overrides = _query(path, "loop.model_config.overrides")[0]
+    assert overrides["language_init"] == ("normal" if "small" in path else "zeros")
 
 
 def test_xlme_run_file_has_table_10():

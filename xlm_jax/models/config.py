@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 POSITION_TYPES = ("absolute", "relative", "both")
 LN_STYLES = ("post", "pre")
+LANGUAGE_INITS = ("normal", "zeros")
 ATTENTION_BACKENDS = ("xla", "cudnn")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -37,6 +38,10 @@ class ModelConfig:
     pad_id: int = 1  # fairseq/XLM-R <pad>; also the position padding index
     type_vocab_size: int = 1  # XLM-R keeps a token-type table of one row
     num_languages: int = 0  # >0 adds a language embedding table (XLM/ERNIE-M placeholders)
+    # Initial language table: "normal" (as every other table) or "zeros", so that a model
+    # continued from XLM-R (which has no language table, e.g. ERNIE-M base/large) computes
+    # exactly XLM-R's function at step 0 (our choice for those run files).
+    language_init: str = "normal"
     dropout_rate: float = 0.1  # hidden dropout (embeddings, attention output, FFN output)
     attention_dropout_rate: float = 0.1  # dropout on attention probabilities
     layer_norm_eps: float = 1e-5  # XLM-R's config.json value (not the BERT 1e-12 default)
@@ -78,6 +83,7 @@ class ModelConfig:
             if not 0.0 <= value < 1.0:
                 raise bad(field, value, "must be in [0, 1)")
         for field, valid in (("ln_style", LN_STYLES), ("position_type", POSITION_TYPES),
+                             ("language_init", LANGUAGE_INITS),
                              ("attention_backend", ATTENTION_BACKENDS),
                              ("dtype", tuple(DTYPES)), ("param_dtype", tuple(DTYPES))):
             if getattr(self, field) not in valid:

@@ -76,8 +76,9 @@ class Embeddings(nn.Module):
         self.token_type_embeddings = embed(cfg.type_vocab_size, cfg.hidden_size,
                                            embedding_init=_init(cfg, ("token_type", "embed")))
         if cfg.num_languages:
-            self.lang_embeddings = embed(cfg.num_languages, cfg.hidden_size,
-                                         embedding_init=_init(cfg, ("languages", "embed")))
+            init = (_zeros(("languages", "embed")) if cfg.language_init == "zeros"
+                    else _init(cfg, ("languages", "embed")))
+            self.lang_embeddings = embed(cfg.num_languages, cfg.hidden_size, embedding_init=init)
         self.LayerNorm = layer_norm(cfg, "LayerNorm")
         self.dropout = nn.Dropout(cfg.dropout_rate)
 
