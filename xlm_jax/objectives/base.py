@@ -44,7 +44,7 @@ import flax
 import flax.linen as nn
 import jax
 
-from xlm_jax.data.features import KINDS, feature_names
+from xlm_jax.data.features import KINDS, PREFIXES, feature_names
 
 Array = jax.Array
 Batch = dict[str, Array]
@@ -159,6 +159,18 @@ class Objective(abc.ABC):
     def loss(self, params: Any, prepared: Batch, rng: Array, state: Any,
              deterministic: bool = False) -> LossOutput:
         """Summed loss of a prepared (micro)batch."""
+
+    def flops_per_example(self, seq_len: int) -> float:
+        """Model matmul FLOPs of one example of its stream (`xlm_jax.train.flops`), forward +
+        backward. Default: each row of the example through the encoder with gradient, and the
+        MLM head at its prediction slots when the objective masks (`self.masking`)."""
+        from xlm_jax.train import flops  # the trainer's module; imported lazily
+
+        cfg = self.model.config  # every objective keeps its encoder as `model`
+        slots = self.masking.max_predictions if getattr(self, "masking", None) else 0
+        rows = len(PREFIXES[self.kind])
+        return 3.0 * rows * (seq_len * flops.encoder_flops(cfg, seq_len)
+                             + slots * flops.head_flops(cfg))
 
     def derived_metrics(self, sums: Mapping[str, Array]) -> dict[str, Array]:
         """Metrics that are not a sum over the objective's units (precision, per-token rates),

@@ -190,6 +190,15 @@ class CrossAttentionMLM(Objective):
                    "_tgt_correct": tgt_ok, "_tgt_count": jnp.sum(weights[:, p:])}
         return LossOutput(loss_sum=loss_sum, denominator=jnp.sum(weights), metrics=metrics)
 
+    def flops_per_example(self, seq_len: int) -> float:
+        """One or two differentiated passes and the head at both sides' prediction slots."""
+        from xlm_jax.train import flops
+
+        cfg = self.model.config
+        passes = 2 if self.passes == "two" else 1
+        return 3.0 * (passes * seq_len * flops.encoder_flops(cfg, seq_len)
+                      + 2 * self.masking.max_predictions * flops.head_flops(cfg))
+
     def derived_metrics(self, sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         """Loss and accuracy of each side's predictions."""
         return _ratio_metrics(sums, {
@@ -349,6 +358,16 @@ class BackTranslationMLM(Objective):
                    "_copied": jnp.sum(copies * pseudo.weights),
                    "_pseudo": jnp.sum(pseudo.weights)}
         return LossOutput(loss_sum=loss_sum, denominator=jnp.sum(weights), metrics=metrics)
+
+    def flops_per_example(self, seq_len: int) -> float:
+        """Stage 1 forward only (stop_gradient) with the head at the placeholder slots, stage 2
+        differentiated with the head at the prediction slots."""
+        from xlm_jax.train import flops
+
+        cfg = self.model.config
+        enc, head = seq_len * flops.encoder_flops(cfg, seq_len), flops.head_flops(cfg)
+        return (enc + self._slots(seq_len)[1] * head
+                + 3.0 * (enc + self.masking.max_predictions * head))
 
     def derived_metrics(self, sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         """The share of pseudo-tokens that copy a token of their own sentence."""

@@ -167,6 +167,19 @@ class VariableMLM(Objective):
             metrics[f"_{s}_count"] = n[s]
         return LossOutput(loss_sum=loss_sum, denominator=2.0 * (n["x"] + n["y"]), metrics=metrics)
 
+    def flops_per_example(self, seq_len: int) -> float:
+        """Two IS passes and two CS passes (with cross-attention over the other row, whose
+        stop-gradient memory is differentiated for the key/value weights only), all
+        differentiated, and the head at both rows' prediction slots twice."""
+        from xlm_jax.train import flops
+
+        cfg, t = self.model.config, seq_len
+        is_pass = t * flops.encoder_flops(cfg, t)
+        cs_pass = t * (3.0 * flops.encoder_flops(cfg, t, memory_len=t)
+                       - flops.memory_projection_flops(cfg, t, t))
+        return (2 * (3.0 * is_pass + cs_pass)
+                + 3.0 * 4 * self.masking.max_predictions * flops.head_flops(cfg))
+
     def derived_metrics(self, sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         """Loss and accuracy of each of the four terms."""
         out = {}

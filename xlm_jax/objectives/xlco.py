@@ -202,6 +202,18 @@ class XLCo(Objective):
             vec = vec / jnp.maximum(jnp.linalg.norm(vec, axis=-1, keepdims=True), 1e-6)
         return vec
 
+    def flops_per_example(self, seq_len: int) -> float:
+        """The query row differentiated and the key row forward only (the key encoder), each
+        through the layers up to `layer` (the later ones do not reach the loss; XLA drops
+        them) and the projection; the scores against the batch and the queue (2 (B + Q) dim
+        per row, 2 x: the keys are constants) depend on the batch and are not counted."""
+        from xlm_jax.train import flops
+
+        cfg = self.model.config
+        row = seq_len * flops.encoder_flops(cfg, seq_len, layers=self.layer)
+        proj = 2 * cfg.hidden_size * self.projection_dim if self.projection_dim else 0
+        return 3.0 * (row + proj) + row + proj
+
     def loss(self, params: Any, prepared: Batch, rng: jax.Array, state: Any,
              deterministic: bool = False) -> LossOutput:
         q_rng, k_rng = jax.random.split(rng)

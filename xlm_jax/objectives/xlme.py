@@ -283,6 +283,19 @@ class ReplacedTokenDetection(Objective):
             "_replaced": jnp.sum(labels)}
         return LossOutput(loss_sum=loss_sum, denominator=count, metrics=metrics)
 
+    def flops_per_example(self, seq_len: int) -> float:
+        """Generator (MLM at the prediction slots) and discriminator (every token, RTD head),
+        both differentiated. A narrower generator's table projection (V x d x d_gen per step,
+        independent of the batch) is not counted."""
+        from xlm_jax.train import flops
+
+        d = self.model.config.hidden_size
+        slots = self.masking.max_predictions
+        gen = seq_len * flops.encoder_flops(self.gen_config, seq_len) + slots * flops.head_flops(
+            self.gen_config)
+        disc = seq_len * (flops.encoder_flops(self.model.config, seq_len) + 2 * (d * d + d))
+        return 3.0 * (gen + disc)
+
     def derived_metrics(self, sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         """Discriminator loss and accuracy per token, precision and recall on replaced
         tokens, from the global sums."""

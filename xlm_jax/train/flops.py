@@ -1,9 +1,14 @@
 """Model FLOPs per trained token and MFU (model FLOPs utilisation).
 
-Counted as matmul FLOPs x 3 (forward + backward), with the MLM head at the gathered positions
-only (its share is small because training never evaluates the vocabulary everywhere):
+Counted as matmul FLOPs, x 3 for a pass that is differentiated (forward + backward) and x 1
+for one under stop_gradient, with the MLM head at the gathered prediction slots only (its
+share is small because training never evaluates the vocabulary everywhere):
   per token per layer: 2 * (4 d^2 + 2 d f)  (projections + FFN)  + 2 * 2 * T * d  (scores, values)
-  head per prediction: 2 * (d^2 + d V), times the prediction share (mask_prob, 15%).
+  head per prediction slot: 2 * (d^2 + d V).
+Each objective counts its own passes (`Objective.flops_per_example`: XLM-E's generator and
+discriminator, XLCo's key encoder, ERNIE-M's two CAMLM passes and BTMLM's decoding pass,
+VECO's four passes with cross-attention); `tests/train/flops_test.py` checks every count
+against the dot products in the jaxpr of the objective's gradient.
 Peak bf16 numbers are the vendors' dense figures. On a CPU (or a chip not listed) there is no
 peak: the trainer then logs only `model_tflops_per_sec` and the benchmark prints MFU n/a.
 """
@@ -11,6 +16,10 @@ from __future__ import annotations
 
 import jax
 
+from collections.abc import Sequence
+from typing import Any
+
+from xlm_jax.data.features import PREFIXES
 from xlm_jax.models.config import ModelConfig
 
 PEAK_BF16_FLOPS = {  # per device
@@ -21,10 +30,49 @@ PEAK_BF16_FLOPS = {  # per device
 
 
 def train_flops_per_token(cfg: ModelConfig, seq_len: int, prediction_share: float = 0.15) -> float:
-    d, f, L, V = cfg.hidden_size, cfg.mlp_dim, cfg.num_layers, cfg.vocab_size
+    """One MLM pass per token, forward + backward, the head at `prediction_share` of tokens."""
+    return 3.0 * (encoder_flops(cfg, seq_len) + prediction_share * head_flops(cfg))
+
+
+def encoder_flops(cfg: ModelConfig, seq_len: int, memory_len: int = 0,
+                  layers: int | None = None) -> float:
+    """Forward matmul FLOPs per token of one pass through `layers` (default all) layers of
+    `cfg`'s stack at row length `seq_len`: the q/k/v/o projections and the FFN, the attention
+    scores and values over `seq_len` keys, XLM-E's two gates (q.u, q.v) when the stack has the
+    gated bias, and, with `memory_len` > 0, a cross-attention block over that many memory
+    tokens (q/o on the token, k/v on the memory: `memory_len / seq_len` of a memory token's
+    projections per token)."""
+    d, f = cfg.hidden_size, cfg.mlp_dim
     layer = 2 * (4 * d * d + 2 * d * f) + 2 * 2 * seq_len * d
-    head = prediction_share * 2 * (d * d + d * V)
-    return 3.0 * (L * layer + head)
+    if cfg.position_type in ("relative", "both"):
+        layer += 2 * 2 * d
+    if memory_len:
+        layer += 2 * 2 * d * d + 2 * 2 * d * d * memory_len / seq_len + 2 * 2 * memory_len * d
+    return (cfg.num_layers if layers is None else layers) * layer
+
+
+def memory_projection_flops(cfg: ModelConfig, seq_len: int, memory_len: int) -> float:
+    """The part of `encoder_flops(cfg, seq_len, memory_len)` that projects the memory to keys
+    and values (per token): a pass whose memory is under stop_gradient differentiates it only
+    with respect to the weights, 2 x instead of 3 x."""
+    d = cfg.hidden_size
+    return cfg.num_layers * 2 * 2 * d * d * memory_len / seq_len
+
+
+def head_flops(cfg: ModelConfig) -> float:
+    """Forward matmul FLOPs of the MLM head at one prediction: the d x d transform and the tied
+    decoder over the (padded) vocabulary."""
+    d = cfg.hidden_size
+    return 2 * (d * d + d * cfg.padded_vocab_size)
+
+
+def mixture_flops_per_token(objectives: Sequence[Any], seq_len: int) -> float:
+    """Model FLOPs of one train step per row-token of the mixture: the sum of the objectives'
+    `flops_per_example` over the sum of their rows' positions (every objective draws the same
+    number of examples; padded positions count, as the step computes them)."""
+    flops = sum(o.flops_per_example(seq_len) for o in objectives)
+    positions = sum(len(PREFIXES[o.kind]) * seq_len for o in objectives)
+    return flops / positions
 
 
 def peak_flops_per_device(device: jax.Device | None = None) -> float | None:

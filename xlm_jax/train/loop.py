@@ -307,7 +307,7 @@ def train(model_dir: str,
         writer = metrics_lib.MetricsWriter(model_dir, is_primary=is_primary)
         progress = metrics_lib.Progress(train_steps, out=out, log_every=log_every,
                                         is_primary=is_primary, start_step=start)
-        flops_per_token = flops_lib.train_flops_per_token(model, seq_len)
+        flops_per_token = flops_lib.mixture_flops_per_token([o.objective for o in objs], seq_len)
         rng = jax.random.PRNGKey(seed + 1)
         losses: list[float] = []
         step_seconds: list[float] = []

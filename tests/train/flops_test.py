@@ -1,0 +1,101 @@
+"""Each objective's model-FLOP count (`Objective.flops_per_example`, `xlm_jax.train.flops`)
+against an independent count: the FLOPs of every dot product in the jaxpr of the gradient of
+its loss (2 x output size x contracted size per `dot_general`, through nested jaxprs). A pass
+counted 3 x that is really under stop_gradient (or the reverse), a forgotten generator, head or
+cross-attention block, all change the jaxpr's total."""
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from xlm_jax.data.synthetic import synthetic_batch
+from xlm_jax.models.config import get_config
+from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.ernie_m import BackTranslationMLM, CrossAttentionMLM
+from xlm_jax.objectives.mlm import MaskedLM
+from xlm_jax.objectives.veco import VariableMLM
+from xlm_jax.objectives.xlco import XLCo
+from xlm_jax.objectives.xlme import ReplacedTokenDetection
+from xlm_jax.train import flops
+from xlm_jax.train.step import WeightedObjective, init_params
+
+B, T = 2, 16
+BASE = dict(vocab_size=64, num_layers=2, hidden_size=32, num_heads=4, mlp_dim=48,
+            max_positions=40, dropout_rate=0.0, attention_dropout_rate=0.0)
+
+
+def _dot_flops(jaxpr) -> float:
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            out = eqn.outvars[0].aval.shape
+            total += 2.0 * math.prod(out) * math.prod(lhs[i] for i in lhs_contract)
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    total += _dot_flops(inner)
+    return total
+
+
+def _measured(obj, kind):
+    params = nn.meta.unbox(init_params(obj.model, [WeightedObjective(obj)], T,
+                                       jax.random.PRNGKey(0)))
+    state = nn.meta.unbox(obj.init_state(params)) if hasattr(obj, "queue_size") else {}
+    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(B, T, 64, kind, seed=0,
+                                                           num_languages=3).items()}
+    prep = obj.prepare(batch, jax.random.PRNGKey(1))
+
+    def loss(p):
+        return obj.loss(p, prep, jax.random.PRNGKey(2), state, deterministic=True).loss_sum
+
+    return _dot_flops(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
+
+
+CASES = {
+    "mmlm": (lambda n: MaskedLM(n, max_predictions=3), "mono", {}),
+    "tlm_gated_bias": (lambda n: MaskedLM(n, "tlm", "pair", max_predictions=3), "pair",
+                       {"position_type": "both"}),
+    "xlme": (lambda n: ReplacedTokenDetection(n, generator_layers=1, max_predictions=3), "mono",
+             {"position_type": "both"}),
+    "camlm_two": (lambda n: CrossAttentionMLM(n, max_predictions=3), "pair", {"num_languages": 4}),
+    "camlm_one": (lambda n: CrossAttentionMLM(n, max_predictions=3, passes="one"), "pair",
+                  {"num_languages": 4}),
+    "btmlm": (lambda n: BackTranslationMLM(n, target_languages=["a", "b"], proportion=0.2,
+                                           max_predictions=3), "mono", {"num_languages": 4}),
+    "veco": (lambda n: VariableMLM(n, max_predictions=5, mask_prob=0.25), "veco",
+             {"cross_attention": True}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_counted_flops_equal_the_dot_products_of_the_gradient(name):
+    make, kind, extra = CASES[name]
+    obj = make(Transformer(get_config("tiny", **{**BASE, **extra})))
+    counted = B * obj.flops_per_example(T)
+    np.testing.assert_allclose(counted, _measured(obj, kind), rtol=1e-9)
+
+
+def test_xlco_counts_all_but_the_batch_dependent_scores():
+    net = Transformer(get_config("tiny", **BASE))
+    obj = XLCo(net, projection_dim=8, queue_size=4, in_batch_negatives=True, mask_prob=0.0)
+    counted, measured = B * obj.flops_per_example(T), _measured(obj, "mixup")
+    scores = 2.0 * 2 * B * (B + 4) * 8  # q k^T and q queue^T, forward + d/dq
+    np.testing.assert_allclose(counted + scores, measured, rtol=1e-9)
+
+
+def test_mixture_flops_per_token_weighs_rows():
+    net = Transformer(get_config("tiny", **BASE, cross_attention=True))
+    mlm, veco = MaskedLM(net, max_predictions=3), VariableMLM(net, max_predictions=5)
+    got = flops.mixture_flops_per_token([mlm, veco], T)
+    want = (mlm.flops_per_example(T) + veco.flops_per_example(T)) / (3 * T)
+    assert got == pytest.approx(want)
+    # the one-objective MLM count is the classic per-token formula at P / T predictions
+    plain = MaskedLM(Transformer(get_config("tiny", **BASE)), max_predictions=3)
+    assert flops.mixture_flops_per_token([plain], T) == pytest.approx(
+        flops.train_flops_per_token(plain.model.config, T, prediction_share=3 / T))
