@@ -74,9 +74,11 @@ class TokenProbe(Objective):
 
     def loss(self, params: Any, prepared: Batch, rng: jax.Array, state: Any,
              deterministic: bool = False) -> LossOutput:
+        lang = ({"lang_ids": prepared["lang_ids"]} if self.model.config.num_languages else {})
         h = self.model.apply({"params": self.encoder_params(params)}, prepared["input_ids"],
                              deterministic=deterministic, rngs={"dropout": rng},
-                             method=self.model.encode).last_hidden_state.astype(jnp.float32)
+                             method=self.model.encode, **lang).last_hidden_state.astype(
+                                 jnp.float32)
         logits = self.modules()[self.module].apply(
             {"params": self.module_params(params, self.module)}, h)
         if self.tied:

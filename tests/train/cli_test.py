@@ -91,31 +91,23 @@ def _sigkill_resume(tmp_path, gin_file):
     return straight, killed, a
 
 
-def test_objective_module_survives_sigkill_and_resumes_exactly(tmp_path):
-    """tests/testlib/probe.gin: MMLM + a test objective with a head of its own."""
-    straight, _, _ = _sigkill_resume(tmp_path, "--gin_file=tests/testlib/probe.gin")
+def test_every_objective_survives_sigkill_and_resumes_exactly(tmp_path):
+    """tests/testlib/objective_mix.gin: MMLM + TLM, a test objective with a head of its own,
+    XLM-E (shared generator and RTD head; samples from per-row keys of the step), ERNIE-M
+    (BTMLM's pseudo-tokens from the step's parameters, target languages from the step's key),
+    VECO (cross-attention) and XLCo (key encoder and queue), all in one run: every array of
+    the state after the resume equals the uninterrupted run's."""
+    straight, _, losses = _sigkill_resume(tmp_path, "--gin_file=tests/testlib/objective_mix.gin")
     state = _state(straight)
-    head = [k for k in state if "'objectives']['probe_head']" in k and "'params'" in k]
-    assert head and any("kernel" in k for k in head)  # the module's own parameters are saved
-    assert any("'opt_state'" in k and "probe_head" in k for k in state)  # and optimised
-
-
-def test_xlme_survives_sigkill_and_resumes_exactly(tmp_path):
-    """tests/testlib/xlme.gin: MRTD + TRTD with the shared generator and RTD head (the
-    generator's samples come from per-row keys drawn from the step, so they replay too)."""
-    straight, _, losses = _sigkill_resume(tmp_path, "--gin_file=tests/testlib/xlme.gin")
-    state = _state(straight)
-    assert any("'objectives']['generator']" in k for k in state)
-    assert losses[20] < losses[1]
-
-
-def test_ernie_m_survives_sigkill_and_resumes_exactly(tmp_path):
-    """tests/testlib/ernie_m.gin: MMLM + TLM + CAMLM + BTMLM (BTMLM's pseudo-tokens come from
-    the parameters of the step and its target languages from the step's key, so they replay)."""
-    straight, _, losses = _sigkill_resume(tmp_path, "--gin_file=tests/testlib/ernie_m.gin")
-    # (random synthetic tokens: four MLM losses cannot fall much in 20 steps; not checked)
+    for module in ("probe_head", "generator", "rtd_head", "xlco"):
+        assert any(f"'objectives']['{module}']" in k and "'params'" in k for k in state), module
+    assert any("'opt_state'" in k and "probe_head" in k for k in state)  # modules are optimised
+    assert any("'obj_state']['xlco']['queue']" in k for k in state)
+    assert any("cross_attention" in k for k in state)
     rows = [json.loads(line) for line in open(os.path.join(straight, "metrics.jsonl"))]
-    assert {"camlm/src_loss", "btmlm/pseudo_copy_rate"} <= set(rows[-1])
+    for key in ("camlm/src_loss", "btmlm/pseudo_copy_rate", "veco/cs_xy_loss",
+                "mrtd/rtd_recall", "xlco/queue_fill", "probe/loss"):
+        assert key in rows[-1], key
     assert len(losses) == 20
 
 

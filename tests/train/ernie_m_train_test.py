@@ -1,6 +1,6 @@
 """ERNIE-M (MMLM + TLM + CAMLM + BTMLM) in the real trainer: 8 fake devices = 1 device,
 and BTMLM's target languages resolved against the tasks' language list before compiling. The
-SIGKILL/resume test is in cli_test.py (tests/testlib/ernie_m.gin)."""
+SIGKILL/resume test is in cli_test.py (tests/testlib/objective_mix.gin)."""
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest

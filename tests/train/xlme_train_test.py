@@ -2,7 +2,7 @@
 fake devices = 1 device, exact gradient accumulation, the discriminator as the pre-trained
 encoder (load_encoder; export-hf refuses the relative-position model with a clear message),
 and a TRTD task whose rows are not pairs failing before compiling. The SIGKILL/resume test is
-in cli_test.py (tests/testlib/xlme.gin)."""
+in cli_test.py (tests/testlib/objective_mix.gin)."""
 import os
 
 import numpy as np
