@@ -157,7 +157,12 @@ class MultiHeadAttention(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, kv_input: Array, mask: Array | None,
-                 relative_table: Array | None, deterministic: bool) -> Array:
+                 relative_table: Array | None, deterministic: bool,
+                 cache: "LayerCache | None" = None,
+                 cache_index: Array | None = None) -> Array | tuple[Array, "LayerCache"]:
+        """With `cache` (incremental decoding), `x` holds the new position(s): their keys and
+        values are written into the cache at `cache_index`, attention reads the whole cache
+        (`mask` hides the positions not written yet), and the updated cache is returned too."""
         cfg = self.config
         proj = functools.partial(
             Projection, cfg, (cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"),
@@ -166,6 +171,13 @@ class MultiHeadAttention(nn.Module):
         k = proj(name="key")(kv_input)
         v = proj(name="value")(kv_input)
         q, k, v = (constrain(t, ACTIVATION_HEADS) for t in (q, k, v))
+        if cache is not None:
+            at = (0, cache_index, 0, 0)
+            cache = LayerCache(key=jax.lax.dynamic_update_slice(cache.key, k.astype(
+                                   cache.key.dtype), at),
+                               value=jax.lax.dynamic_update_slice(cache.value, v.astype(
+                                   cache.value.dtype), at))
+            k, v = cache.key.astype(k.dtype), cache.value.astype(v.dtype)
         bias = None
         if self.gated_bias:
             if relative_table is None:
@@ -181,7 +193,8 @@ class MultiHeadAttention(nn.Module):
             deterministic=deterministic)
         out = Projection(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), ("embed",),
                          contract=2, name="out")(out)
-        return constrain(out, ACTIVATION)
+        out = constrain(out, ACTIVATION)
+        return out if cache is None else (out, cache)
 
 
 class MlpBlock(nn.Module):
@@ -214,13 +227,23 @@ class EncoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x: Array, mask: Array | None, relative_table: Array | None,
                  deterministic: bool, encoder_states: Array | None = None,
-                 cross_mask: Array | None = None) -> Array:
+                 cross_mask: Array | None = None, cache: "LayerCache | None" = None,
+                 cache_index: Array | None = None) -> Array | tuple[Array, "LayerCache"]:
         cfg = self.config
         drop = nn.Dropout(cfg.dropout_rate)
         gated = cfg.position_type in ("relative", "both")
         attn = MultiHeadAttention(cfg, gated_bias=gated, name="attention")
-        x = self._sublayer(x, lambda h: attn(h, h, mask, relative_table, deterministic),
-                           layer_norm(cfg, "attention_norm"), drop, deterministic)
+        new_cache = []
+
+        def self_attention(h: Array) -> Array:
+            if cache is None:
+                return attn(h, h, mask, relative_table, deterministic)
+            out, updated = attn(h, h, mask, relative_table, deterministic, cache, cache_index)
+            new_cache.append(updated)
+            return out
+
+        x = self._sublayer(x, self_attention, layer_norm(cfg, "attention_norm"), drop,
+                           deterministic)
         if cfg.cross_attention:
             cross = MultiHeadAttention(cfg, name="cross_attention")
             cross_norm = layer_norm(cfg, "cross_attention_norm")
@@ -235,7 +258,16 @@ class EncoderLayer(nn.Module):
         elif encoder_states is not None:
             raise ValueError("encoder_states given but the config has cross_attention=False")
         mlp = MlpBlock(cfg, name="mlp")
-        return self._sublayer(x, mlp, layer_norm(cfg, "mlp_norm"), drop, deterministic)
+        x = self._sublayer(x, mlp, layer_norm(cfg, "mlp_norm"), drop, deterministic)
+        return x if cache is None else (x, new_cache[0])
+
+
+@flax.struct.dataclass
+class LayerCache:
+    """One layer's self-attention keys and values for incremental decoding, [N, L, H, dh]."""
+
+    key: Array
+    value: Array
 
 
 class Transformer(nn.Module):
@@ -318,6 +350,46 @@ class Transformer(nn.Module):
             hidden[-1] = x
         return EncoderOutput(last_hidden_state=x,
                              hidden_states=tuple(hidden) if return_hidden_states else None)
+
+    @staticmethod
+    def init_cache(config: ModelConfig, rows: int, max_length: int) -> tuple[LayerCache, ...]:
+        """An empty decoding cache: one `LayerCache` of zeros per layer."""
+        shape = (rows, max_length, config.num_heads, config.head_dim)
+        return tuple(LayerCache(key=jnp.zeros(shape, config.compute_dtype),
+                                value=jnp.zeros(shape, config.compute_dtype))
+                     for _ in range(config.num_layers))
+
+    def decode_step(self, input_ids: Array, step: Array, cache: tuple[LayerCache, ...], *,
+                    encoder_states: Array | None = None, cross_mask: Array | None = None,
+                    lang_ids: Array | None = None
+                    ) -> tuple[Array, tuple[LayerCache, ...]]:
+        """One position of causal decoding with a cache: `input_ids` [N, 1] is the token at
+        position `step` (a scalar); it attends to the cached positions 0..step and, with
+        `encoder_states` [N, S, D] and `cross_mask` [N, 1, 1, S], to the encoder's output.
+        Returns its last hidden state [N, 1, D] and the updated cache: the same computation as
+        `encode` over the whole prefix with a causal mask, one token's cost per step."""
+        cfg = self.config
+        rows, length = cache[0].key.shape[:2]
+        positions = jnp.full((rows, 1), step, jnp.int32)
+        valid = jnp.ones((rows, 1), bool)
+        x = self.embeddings(input_ids, positions, valid, None, lang_ids, True)
+        mask = (jnp.arange(length) <= step)[None, None, None, :]
+        mask = jnp.broadcast_to(mask, (rows, 1, 1, length))
+        table = None
+        if cfg.position_type in ("relative", "both"):
+            keys = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None], (rows, length))
+            rel = (lambda i: self.rel_pos if cfg.share_relative_table
+                   else self.rel_pos_layers[i])
+        new_cache = []
+        for i, layer in enumerate(self.layers):
+            if cfg.position_type in ("relative", "both"):
+                table = rel(i)(positions, keys)
+            x, layer_cache = layer(x, mask, table, True, encoder_states, cross_mask, cache[i],
+                                   step)
+            new_cache.append(layer_cache)
+        if cfg.ln_style == "pre":
+            x = self.final_norm(x)
+        return x, tuple(new_cache)
 
     def mlm_logits(self, hidden: Array, positions: Array) -> Array:
         """Tied-decoder MLM logits [B, P, V'] (float32) at `positions` [B, P] of `hidden`;
