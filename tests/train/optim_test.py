@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from xlm_jax.train import optim
@@ -309,6 +310,9 @@ def test_global_norm_matches_numpy():
     ({"clip_norm": 0.0}, "clip_norm"),
     ({"layerwise_lr_decay": 1.5, "num_layers": 12}, "layerwise_lr_decay"),
     ({"layerwise_lr_decay": 0.9}, "num_layers"),
+    ({"train_only": "cross_attention"}, "train_only_steps"),
+    ({"train_only_steps": 5}, "train_only_steps"),
+    ({"train_only": "(", "train_only_steps": 5}, "train_only"),
 ])
 def test_config_validation(kwargs, field):
     with pytest.raises(ValueError) as e:
@@ -317,3 +321,33 @@ def test_config_validation(kwargs, field):
     assert f"OptimizerConfig.{field}=" in msg and "\n" not in msg
     value = kwargs.get(field, optim.OptimizerConfig.__dataclass_fields__[field].default)
     assert repr(value) in msg
+
+
+def test_train_only_first_trains_the_matching_parameters_then_everything():
+    """VECO's cross-attention warm-up: for `train_only_steps` updates only the matching leaves
+    move (not even weight decay touches the others), then every leaf does; the optimizer
+    state keeps one structure across the switch."""
+    params = {"encoder": {"layers_0": {"attention": {"kernel": jnp.ones((3, 3))},
+                                       "cross_attention": {"kernel": jnp.ones((3, 3))}},
+                          "embeddings": {"embedding": jnp.ones((4, 3))}}}
+    cfg = optim.OptimizerConfig(learning_rate=0.1, weight_decay=0.1, total_steps=10,
+                                train_only="cross_attention", train_only_steps=2)
+    tx = optim.make_optimizer(cfg)
+    state = tx.init(params)
+    structure = jax.tree_util.tree_structure(state)
+    grads = jax.tree_util.tree_map(lambda p: jnp.full_like(p, 0.5), params)
+    step = jax.jit(lambda p, s: (lambda u, s2: (optax.apply_updates(p, u), s2))(
+        *tx.update(grads, s, p)))
+    history = [params]
+    for _ in range(3):
+        params, state = step(params, state)
+        history.append(params)
+        assert jax.tree_util.tree_structure(state) == structure
+    enc = [h["encoder"] for h in history]
+    for i in (1, 2):  # the warm-up updates
+        assert not np.array_equal(enc[i]["layers_0"]["cross_attention"]["kernel"],
+                                  enc[i - 1]["layers_0"]["cross_attention"]["kernel"])
+        np.testing.assert_array_equal(enc[i]["layers_0"]["attention"]["kernel"], 1.0)
+        np.testing.assert_array_equal(enc[i]["embeddings"]["embedding"], 1.0)
+    assert (np.asarray(enc[3]["layers_0"]["attention"]["kernel"]) < 1.0).all()
+    assert (np.asarray(enc[3]["embeddings"]["embedding"]) < 1.0).all()

@@ -58,3 +58,9 @@ def test_veco_run_files_have_table_5(path, lr, b2, size):
     assert got[:7] == [240000, lr, b2, 12000, 0.15, 0.25, size]
     assert got[7]["cross_attention"] is True and "num_languages" not in got[7]
     assert set(got[8]) == {"veco_mono", "veco_bi", "tlm"}
+
+
+def test_veco_from_xlmr_trains_the_cross_attention_first():
+    got = _query("runs/veco_large_from_xlmr.gin", "optim.OptimizerConfig.train_only",
+                 "%TRAIN_ONLY_STEPS", "%INIT_FROM", "%TRAIN_STEPS")
+    assert got == ["cross_attention", 10000, "x", 240000]

@@ -35,3 +35,36 @@ def test_eight_devices_with_accumulation_match_one_device(tmp_path):
     b = _state(tmp_path / "one")
     assert "cross_attention" in b["params"]["encoder"]["layers_0"]
     _assert_close(_state(tmp_path / "eight")["params"], b["params"], 1e-5)
+
+
+def test_cross_attention_warm_up_resumes_exactly_across_the_switch(tmp_path):
+    """train_only='cross_attention' for 2 updates: only cross-attention moves in them, and a
+    run stopped at the switch and resumed ends where the uninterrupted run ends."""
+    from xlm_jax.train import optim
+
+    opt = optim.OptimizerConfig(learning_rate=3e-3, warmup_steps=0, total_steps=20,
+                                train_only="cross_attention", train_only_steps=2)
+    _train(tmp_path / "straight", 4, model=MODEL, objectives=_veco(), optimizer=opt)
+    _train(tmp_path / "split", 2, model=MODEL, objectives=_veco(), optimizer=opt,
+           save_initial=True)
+    start = _state_at(tmp_path / "split", 0)["params"]["encoder"]
+    switch = _state_at(tmp_path / "split", 2)["params"]["encoder"]
+    for name in ("attention", "mlp", "cross_attention"):
+        moved = not np.array_equal(switch["layers_0"][name]["query" if "att" in name else
+                                                        "intermediate"]["kernel"],
+                                   start["layers_0"][name]["query" if "att" in name else
+                                                       "intermediate"]["kernel"])
+        assert moved == (name == "cross_attention"), name
+    np.testing.assert_array_equal(switch["embeddings"]["word_embeddings"]["embedding"],
+                                  start["embeddings"]["word_embeddings"]["embedding"])
+    _train(tmp_path / "split", 4, model=MODEL, objectives=_veco(), optimizer=opt)
+    a, b = _state(tmp_path / "straight"), _state(tmp_path / "split")
+    _assert_close(a["params"], b["params"], 0.0)
+    _assert_close(a["opt_state"], b["opt_state"], 0.0)
+    assert not np.array_equal(b["params"]["encoder"]["layers_0"]["mlp"]["intermediate"]["kernel"],
+                              switch["layers_0"]["mlp"]["intermediate"]["kernel"])
+
+
+def _state_at(model_dir, step):
+    with ocp.StandardCheckpointer() as ckptr:
+        return ckptr.restore(md.trainer_state_dir(str(model_dir), step))

@@ -70,6 +70,13 @@ class OptimizerConfig:
     # Learning-rate multiplier of objective-owned modules by module name (e.g.
     # {'generator': 1.0}); modules not listed get 1. Unknown names are an error at start-up.
     module_lr_multipliers: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # A first phase that trains only the parameters whose '/'-joined path matches this regular
+    # expression (re.search), for `train_only_steps` updates; then everything trains. VECO
+    # continued from XLM-R trains its new cross-attention blocks first ('cross_attention').
+    # The optimizer state has the same structure in both phases (checkpoints resume across
+    # the switch). None = off.
+    train_only: str | None = None
+    train_only_steps: int = 0
 
     def __post_init__(self) -> None:
         def bad(field: str, why: str) -> ValueError:
@@ -107,6 +114,16 @@ class OptimizerConfig:
             raise bad("num_layers", "must be an integer >= 0")
         if self.layerwise_lr_decay is not None and self.num_layers < 1:
             raise bad("num_layers", "must be >= 1 when layerwise_lr_decay is set")
+        if self.train_only is not None:
+            try:
+                re.compile(self.train_only)
+            except re.error as e:
+                raise bad("train_only", f"is not a regular expression ({e})") from None
+        if not isinstance(self.train_only_steps, int) or self.train_only_steps < 0:
+            raise bad("train_only_steps", "must be an integer >= 0")
+        if (self.train_only is None) != (self.train_only_steps == 0):
+            raise bad("train_only_steps", "must be > 0 exactly when train_only is set "
+                                          f"(train_only={self.train_only!r})")
         for module, factor in dict(self.module_lr_multipliers).items():
             if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
                 raise ValueError(f"OptimizerConfig.module_lr_multipliers[{module!r}]="
@@ -263,9 +280,47 @@ def scale_by_lr_factor(cfg: OptimizerConfig) -> optax.GradientTransformation:
     return optax.GradientTransformation(init_fn, update_fn)
 
 
+class TrainOnlyState(NamedTuple):
+    """Updates seen so far by `train_only_first`."""
+
+    count: jax.Array
+
+
+def train_only_first(pattern: str, steps: int) -> optax.GradientTransformation:
+    """Zero every update whose parameter path does not match `pattern` during the first
+    `steps` updates, then pass everything. Used twice in `make_optimizer`: on the gradients
+    (so Adam's moments of the frozen parameters stay at zero and clipping sees only the
+    trained ones) and on the final updates (so weight decay does not move them either). After
+    the switch the frozen parameters' Adam moments start from zero while Adam's step count is
+    already `steps`: their first updates are smaller than a fresh Adam's (a built-in ramp)."""
+    regex = re.compile(pattern)
+
+    def init_fn(params):
+        del params
+        return TrainOnlyState(count=jnp.zeros((), jnp.int32))
+
+    def update_fn(updates, state, params=None):
+        del params
+        frozen = state.count < steps
+
+        def gate(names, u):
+            if regex.search("/".join(names)):
+                return u
+            return jnp.where(frozen, jnp.zeros_like(u), u)
+
+        return map_named_params(gate, updates), TrainOnlyState(count=state.count + 1)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-    """clip_by_global_norm -> adamw(schedule, masked decay) [-> layer-wise LR decay]."""
+    """[train_only gate ->] clip_by_global_norm -> adamw(schedule, masked decay)
+    [-> layer-wise LR decay] [-> train_only gate]."""
     parts = []
+    gate = (train_only_first(cfg.train_only, cfg.train_only_steps)
+            if cfg.train_only is not None else None)
+    if gate is not None:
+        parts.append(gate)
     if cfg.clip_norm is not None:
         parts.append(optax.clip_by_global_norm(cfg.clip_norm))
     parts.append(optax.adamw(
@@ -274,6 +329,8 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
     llrd = cfg.layerwise_lr_decay is not None and cfg.layerwise_lr_decay != 1.0
     if llrd or any(f != 1.0 for f in dict(cfg.module_lr_multipliers).values()):
         parts.append(scale_by_lr_factor(cfg))
+    if gate is not None:
+        parts.append(gate)
     return optax.chain(*parts)
 
 
