@@ -17,6 +17,7 @@ CORE = [
     "safetensors>=0.4",
     "tensorboard>=2.15",  # pure-python event writer/reader; no TensorFlow needed
     "matplotlib>=3.7",
+    "sacrebleu>=2.3",  # translation scores (xlm_jax.evaluation.translation)
 ]
 EXTRAS = {
     "data": [

@@ -16,6 +16,7 @@ from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.ernie_m import BackTranslationMLM, CrossAttentionMLM
 from xlm_jax.objectives.mlm import MaskedLM
+from xlm_jax.objectives.translation import Translation
 from xlm_jax.objectives.veco import VariableMLM
 from xlm_jax.objectives.xlco import XLCo
 from xlm_jax.objectives.xlme import ReplacedTokenDetection
@@ -70,6 +71,8 @@ CASES = {
                                            max_predictions=3), "mono", {"num_languages": 4}),
     "veco": (lambda n: VariableMLM(n, max_predictions=5, mask_prob=0.25), "veco",
              {"cross_attention": True}),
+    "translation": (lambda n: Translation(n, decoder_layers=1), "veco",
+                    {"cross_attention": True, "num_languages": 4}),
 }
 
 

@@ -178,6 +178,12 @@ class Objective(abc.ABC):
         inputs for this method only; the others are reported divided by the denominator."""
         return {}
 
+    def adapt_pretrained(self, params: Any) -> Any:
+        """Called once with the train-state parameters right after `init_from` loaded the
+        encoder; may initialise the objective's modules from it (VECO's translation decoder
+        takes the stack's layers) and returns the parameters. Unchanged by default."""
+        return params
+
     def init_state(self, params: Any) -> Any:
         """Objective state (EMA encoders, queues) from the boxed initial parameters (the whole
         `{"encoder", "objectives"}` tree; see the module docstring); none by default. Called again with the loaded parameters when a run

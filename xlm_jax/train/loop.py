@@ -145,6 +145,8 @@ def _fresh_state(init_fn: Callable[..., Any], shardings: Any,
                          f"model being trained has vocab_size={model.vocab_size}")
     params = step_lib.load_pretrained_params(state.params, pre.params, init_from,
                                              vocab_size=model.vocab_size)
+    for o in objs:
+        params = o.objective.adapt_pretrained(params)
     params = jax.device_put(params, shardings.params)
     obj_state = jax.jit(lambda p: nn.meta.unbox(step_lib.init_objective_state(objs, p)),
                         out_shardings=shardings.obj_state)(params)

@@ -1,0 +1,133 @@
+"""VECO translation fine-tuning: the label-smoothed loss against numpy, the decoder reading the
+encoder's embeddings and head, the decoder taken from the stack's last/first layers after
+`init_from`, causal teacher forcing, greedy decoding through the evaluation path equal to an
+uncached step-by-step argmax, and the errors."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from xlm_jax.data.synthetic import synthetic_batch
+from xlm_jax.evaluation.translation import translate_batch
+from xlm_jax.models.config import get_config
+from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.translation import Translation
+from xlm_jax.train.step import WeightedObjective, init_params
+
+V = 40
+CFG = get_config("tiny", vocab_size=V, num_layers=3, hidden_size=32, num_heads=4, mlp_dim=48,
+                 max_positions=40, dropout_rate=0.0, attention_dropout_rate=0.0,
+                 cross_attention=True, num_languages=4, pad_vocab_to_multiple_of=8)
+
+
+def _setup(**kw):
+    net = Transformer(CFG)
+    obj = Translation(net, decoder_layers=2, **kw)
+    params = nn.meta.unbox(init_params(net, [WeightedObjective(obj)], 16, jax.random.PRNGKey(0)))
+    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(3, 12, V, "veco", seed=1,
+                                                           num_languages=3).items()}
+    return obj, params, obj.prepare(batch, jax.random.PRNGKey(0))
+
+
+def test_label_smoothed_loss_matches_numpy():
+    obj, params, prep = _setup(label_smoothing=0.2)
+    memory = obj.encode_source(params, prep)
+    logits = np.asarray(obj.decoder_logits(params, prep, memory), np.float64)
+    out = obj.loss(params, prep, jax.random.PRNGKey(1), {}, deterministic=True)
+    y, seg = np.asarray(prep["y_input_ids"]), np.asarray(prep["y_segment_ids"])
+    z = logits - logits.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    total, count = 0.0, 0
+    for b in range(y.shape[0]):
+        for t in range(y.shape[1] - 1):
+            if seg[b, t + 1] > 0:
+                nll = -logp[b, t, y[b, t + 1]]
+                smooth = -logp[b, t, :V].mean()  # the real vocabulary, not its padding
+                total += 0.8 * nll + 0.2 * smooth
+                count += 1
+    assert logits.shape[-1] == 40 and count == float(out.denominator) > 10
+    np.testing.assert_allclose(float(out.loss_sum), total, rtol=1e-5)
+
+
+def test_the_decoder_reads_the_encoders_embeddings_and_head():
+    obj, params, prep = _setup()
+    own = params["objectives"]["decoder"]
+    assert "embeddings" not in own and "mlm_head" not in own and sorted(
+        k for k in own if k.startswith("layers_")) == ["layers_0", "layers_1"]
+    assert "cross_attention" in own["layers_0"]
+
+    def decoder_only(p):  # the decoder's loss with the encoder's output held fixed
+        logits = obj.decoder_logits(p, prep, jax.lax.stop_gradient(obj.encode_source(p, prep)))
+        return jnp.sum(jax.nn.log_softmax(logits)[..., 7])
+
+    g = jax.jit(jax.grad(decoder_only))(params)
+    assert np.abs(np.asarray(g["encoder"]["embeddings"]["word_embeddings"]["embedding"])).max() > 0
+    assert np.abs(np.asarray(g["encoder"]["mlm_head"]["dense"]["kernel"])).max() > 0
+    assert np.abs(np.asarray(g["encoder"]["layers_0"]["mlp"]["output"]["kernel"])).max() == 0
+
+
+@pytest.mark.parametrize("take, layers", [("last", (1, 2)), ("first", (0, 1))])
+def test_adapt_pretrained_takes_the_stack_layers(take, layers):
+    obj, params, _ = _setup(take=take)
+    adapted = obj.adapt_pretrained(params)
+    for i, src in enumerate(layers):
+        a = jax.tree_util.tree_leaves(adapted["objectives"]["decoder"][f"layers_{i}"])
+        b = jax.tree_util.tree_leaves(params["encoder"][f"layers_{src}"])
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not np.array_equal(params["objectives"]["decoder"]["layers_0"]["mlp"]["output"][
+        "kernel"], adapted["objectives"]["decoder"]["layers_0"]["mlp"]["output"]["kernel"])
+
+
+def test_teacher_forcing_is_causal():
+    obj, params, prep = _setup()
+    memory = obj.encode_source(params, prep)
+    base = np.asarray(obj.decoder_logits(params, prep, memory))
+    y = np.asarray(prep["y_input_ids"]).copy()
+    y[0, 5] = 9 if y[0, 5] != 9 else 10
+    after = np.asarray(obj.decoder_logits(params, {**prep, "y_input_ids": jnp.asarray(y)},
+                                          memory))
+    np.testing.assert_array_equal(after[0, :5], base[0, :5])
+    assert np.abs(after[0, 5] - base[0, 5]).max() > 0
+    np.testing.assert_array_equal(after[1:], base[1:])
+
+
+def test_greedy_decoding_equals_an_uncached_argmax_through_the_objective():
+    obj, params, prep = _setup()
+    src = np.asarray(prep["x_input_ids"])
+    length = 6
+    out = translate_batch(obj, params, jnp.asarray(src), source_lang=2, target_lang=3,
+                          beam_size=1, length_penalty=0.0, max_length=length, bos_id=0,
+                          eos_id=2, pad_id=1)
+    tokens = np.asarray(out.tokens)[:, 0]
+    # reference: re-run the whole decoder on the prefix every step, argmax the last position
+    valid = src != 1
+    x = {"x_input_ids": jnp.asarray(src),
+         "x_positions": jnp.asarray(np.where(valid, np.cumsum(valid, 1) - 1, 0)),
+         "x_segment_ids": jnp.asarray(valid.astype(np.int32)),
+         "x_lang_ids": jnp.asarray(np.where(valid, 2, 0))}
+    memory = obj.encode_source(params, x)
+    prefix = np.zeros((src.shape[0], 1), np.int32)
+    done = np.zeros(src.shape[0], bool)
+    for t in range(length - 1):
+        n = prefix.shape[1]
+        y = {"y_input_ids": jnp.asarray(prefix), "y_positions": jnp.asarray(
+            np.broadcast_to(np.arange(n), prefix.shape)),
+             "y_segment_ids": jnp.ones(prefix.shape, jnp.int32),
+             "y_lang_ids": jnp.full(prefix.shape, 3)}
+        logits = np.asarray(obj.decoder_logits(params, {**x, **y}, memory))[:, -1]
+        nxt = np.where(done, 1, logits.argmax(-1))
+        done |= nxt == 2
+        prefix = np.concatenate([prefix, nxt[:, None]], axis=1)
+    np.testing.assert_array_equal(tokens, prefix)
+
+
+@pytest.mark.parametrize("kw, cfg, match", [
+    ({"decoder_layers": 4}, {}, r"decoder_layers=4 must be in \[1, 3\] \(the encoder has 3"),
+    ({"take": "middle"}, {}, r"take='middle' must be one of last, first"),
+    ({"label_smoothing": 1.0}, {}, r"label_smoothing=1.0 must be in \[0, 1\)"),
+    ({}, {"num_languages": 0}, r"needs a model with language embeddings .* num_languages=0"),
+])
+def test_bad_settings_name_the_value(kw, cfg, match):
+    with pytest.raises(ValueError, match=match):
+        Translation(Transformer(CFG.replace(**cfg)), **{"decoder_layers": 2, **kw})

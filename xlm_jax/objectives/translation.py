@@ -1,0 +1,182 @@
+"""Translation fine-tuning of an encoder-decoder reassembled from a VECO stack.
+
+VECO (Luo et al. 2021, §3.3 and §5.1) fine-tunes its pre-trained stack for translation as an
+encoder (every layer, no cross-attention) and a decoder of n layers taken from the stack with
+their cross-attention (§5.1: the last 6 of 24; Table 4 compares the last and the first
+layers). `Translation` is that model as an objective of this library's trainer, so fine-tuning
+gets the mesh, checkpoints, resume and gin like pre-training:
+
+- the shared encoder (`params["encoder"]`) encodes the source row `x`;
+- the objective owns a `decoder` module (a `Transformer` of `decoder_layers` layers with
+  cross-attention) whose embeddings and output projection (the MLM head, tied to the word
+  embeddings) are the encoder's; its layers start from the pre-trained stack's last (or
+  first) layers when the run starts from a checkpoint (`adapt_pretrained`, called after
+  `init_from` is loaded), else from random initialisation;
+- teacher forcing: the decoder reads the target row `y` shifted right (its `<s>` first) with
+  causal self-attention and cross-attention to the encoder's last layer, and predicts every
+  next token; the loss is label-smoothed cross-entropy (`label_smoothing`, 0.1 by default:
+  our choice, the usual NMT value) over the real vocabulary.
+
+Languages: VECO marks languages with language-id tokens; here every token carries its
+language through the model's language embeddings (XLM's way, `lang_ids` of the source and
+target rows), so the decoder's first input, `<s>` with the target language's vector, names
+the language to produce (our choice: the library's vocabularies have no language tokens).
+The model therefore needs `num_languages > 0`; `language_init='zeros'` keeps a pre-trained
+stack's function unchanged at step 0. Decoding: `xlm_jax.translate` (beam search with a cache,
+`xlm_jax.models.decoding`).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from xlm_jax.models import masks as masks_lib
+from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.base import ENCODER, OBJECTIVES, Batch, LossOutput, Objective
+
+SHARED = ("embeddings", "mlm_head")  # the decoder reads these from the encoder
+TAKE = ("last", "first")
+
+
+class Translation(Objective):
+    """Sequence-to-sequence fine-tuning on `veco` rows (x = source, y = target)."""
+
+    kind = "veco"
+
+    def __init__(self, model: Transformer, name: str = "translate", decoder_layers: int = 6,
+                 take: str = "last", label_smoothing: float = 0.1,
+                 decoder_module: str = "decoder"):
+        owner = f"Translation(name={name!r})"
+        cfg = model.config
+        if not isinstance(decoder_layers, int) or not 1 <= decoder_layers <= cfg.num_layers:
+            raise ValueError(f"{owner}: decoder_layers={decoder_layers!r} must be in "
+                             f"[1, {cfg.num_layers}] (the encoder has {cfg.num_layers} layers)")
+        if take not in TAKE:
+            raise ValueError(f"{owner}: take={take!r} must be one of {', '.join(TAKE)}")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"{owner}: label_smoothing={label_smoothing!r} must be in [0, 1)")
+        if cfg.num_languages <= 0:
+            raise ValueError(f"{owner} needs a model with language embeddings (the target "
+                             f"language is given by them), but num_languages="
+                             f"{cfg.num_languages}")
+        self.model, self.name = model, name
+        self.take, self.label_smoothing = take, float(label_smoothing)
+        self.decoder_module = decoder_module
+        self.decoder_config = cfg.replace(num_layers=decoder_layers, cross_attention=True)
+        self.decoder = Transformer(self.decoder_config)
+        self.encoder_params_used = tuple(SHARED)
+
+    # -- modules --------------------------------------------------------------------------
+
+    def modules(self) -> dict[str, Any]:
+        return {self.decoder_module: self.decoder}
+
+    def init_modules(self, rng: jax.Array) -> dict[str, Any]:
+        """The decoder's layers (and position tables); its embeddings and head are the
+        encoder's."""
+        ids = jnp.ones((1, 4), jnp.int32)
+        memory = jnp.zeros((1, 4, self.decoder_config.hidden_size),
+                           self.decoder_config.compute_dtype)
+        own = dict(self.decoder.init(rng, ids, lang_ids=ids, encoder_states=memory)["params"])
+        return {self.decoder_module: {k: v for k, v in own.items() if k not in SHARED}}
+
+    def source_layers(self) -> tuple[int, ...]:
+        """The stack layers the decoder's layers start from."""
+        n, total = self.decoder_config.num_layers, self.model.config.num_layers
+        return tuple(range(total - n, total)) if self.take == "last" else tuple(range(n))
+
+    def adapt_pretrained(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """After `init_from`: decoder layer i <- stack layer `source_layers()[i]` (every block
+        the stack has; a stack without cross-attention, e.g. XLM-R, leaves the decoder's
+        cross-attention at its initialisation)."""
+        decoder = dict(params[OBJECTIVES][self.decoder_module])
+        for i, src in enumerate(self.source_layers()):
+            layer = dict(decoder[f"layers_{i}"])
+            layer.update({k: v for k, v in params[ENCODER][f"layers_{src}"].items()
+                          if k in layer})
+            decoder[f"layers_{i}"] = layer
+        return {**params, OBJECTIVES: {**params[OBJECTIVES], self.decoder_module: decoder}}
+
+    def decoder_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The decoder's parameter tree with the encoder's embeddings and MLM head."""
+        own = dict(self.module_params(params, self.decoder_module))
+        own.update({k: self.encoder_params(params)[k] for k in SHARED})
+        return own
+
+    def flops_per_example(self, seq_len: int) -> float:
+        """The encoder over the source, the decoder (with cross-attention over the source)
+        over the target and the vocabulary projection at every target position, all
+        differentiated."""
+        from xlm_jax.train import flops
+
+        t = seq_len
+        return 3.0 * t * (flops.encoder_flops(self.model.config.replace(cross_attention=False), t)
+                          + flops.encoder_flops(self.decoder_config, t, memory_len=t)
+                          + flops.head_flops(self.model.config))
+
+    # -- the computation ------------------------------------------------------------------
+
+    def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
+        return dict(batch)
+
+    def _targets(self, prepared: Batch) -> tuple[jax.Array, jax.Array]:
+        """Next-token targets [B, T] (y shifted left) and their weights."""
+        y, seg = prepared["y_input_ids"], prepared["y_segment_ids"]
+        target = jnp.concatenate([y[:, 1:], jnp.full_like(y[:, :1], self.model.config.pad_id)],
+                                 axis=1)
+        weight = (jnp.concatenate([seg[:, 1:], jnp.zeros_like(seg[:, :1])], axis=1) > 0)
+        return target, weight.astype(jnp.float32)
+
+    def denominator(self, prepared: Batch) -> jax.Array:
+        return jnp.sum(self._targets(prepared)[1])
+
+    def encode_source(self, params: Any, prepared: Batch, rng: jax.Array | None = None,
+                      deterministic: bool = True) -> jax.Array:
+        """The encoder's last hidden states [B, S, D] of the source rows."""
+        return self.model.apply(
+            {"params": self.encoder_params(params)}, prepared["x_input_ids"],
+            positions=prepared["x_positions"], segment_ids=prepared["x_segment_ids"],
+            lang_ids=prepared["x_lang_ids"], deterministic=deterministic,
+            rngs={"dropout": rng if rng is not None else jax.random.PRNGKey(0)},
+            method=Transformer.encode).last_hidden_state
+
+    def decoder_logits(self, params: Any, prepared: Batch, memory: jax.Array,
+                       rng: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+        """Teacher-forced logits [B, T, V'] at every target position."""
+        y = {k[2:]: v for k, v in prepared.items() if k.startswith("y_")}
+        self_mask = masks_lib.mask_from_features(
+            {"segment_ids": y["segment_ids"], "positions": y["positions"]}, "causal")
+        cross = masks_lib.padding_mask(y["segment_ids"] > 0, prepared["x_segment_ids"] > 0)
+
+        def forward(mdl: Transformer) -> jax.Array:
+            h = mdl.encode(y["input_ids"], positions=y["positions"], attention_mask=self_mask,
+                           segment_ids=y["segment_ids"], lang_ids=y["lang_ids"],
+                           encoder_states=memory, cross_mask=cross,
+                           deterministic=deterministic).last_hidden_state
+            return mdl.full_mlm_logits(h)
+
+        return self.decoder.apply({"params": self.decoder_params(params)},
+                                  rngs={"dropout": rng if rng is not None
+                                        else jax.random.PRNGKey(0)}, method=forward)
+
+    def loss(self, params: Any, prepared: Batch, rng: jax.Array, state: Any,
+             deterministic: bool = False) -> LossOutput:
+        enc_rng, dec_rng = jax.random.split(rng)
+        memory = self.encode_source(params, prepared, enc_rng, deterministic)
+        logits = self.decoder_logits(params, prepared, memory, dec_rng, deterministic)
+        target, weight = self._targets(prepared)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        nll = -jnp.take_along_axis(logp, target[..., None], axis=-1)[..., 0]
+        vocab = self.model.config.vocab_size  # smoothing over the real ids, not the padding
+        smooth = -jnp.mean(logp[..., :vocab], axis=-1)
+        eps = self.label_smoothing
+        per_token = (1.0 - eps) * nll + eps * smooth
+        correct = (jnp.argmax(logits, axis=-1) == target).astype(jnp.float32)
+        metrics = {"loss": jnp.sum(per_token * weight), "accuracy": jnp.sum(correct * weight),
+                   "nll": jnp.sum(nll * weight)}
+        return LossOutput(loss_sum=jnp.sum(per_token * weight), denominator=jnp.sum(weight),
+                          metrics=metrics)
+
