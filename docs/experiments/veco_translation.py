@@ -52,6 +52,10 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "xlm_jax.train", "--gin_file=demo/veco.gin",
                         f"--model_dir={veco}"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     rows, summary = [], {}
+    for lang in a.langs:  # language-major, each seed's pair of runs together
+        for s in a.seeds:
+            for init in (veco, None):
+                run(a.out, lang, s, init, a.steps)
     for lang in a.langs:
         for init in (veco, None):
             scores = [run(a.out, lang, s, init, a.steps) for s in a.seeds]
