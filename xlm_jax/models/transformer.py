@@ -335,21 +335,26 @@ class Transformer(nn.Module):
             attention_mask = (masks_lib.segment_mask(segment_ids) if segment_ids is not None
                               else masks_lib.padding_mask(valid))
         x = self.embeddings(input_ids, positions, valid, token_type_ids, lang_ids, deterministic)
-        shared_table = None
-        if cfg.position_type in ("relative", "both") and cfg.share_relative_table:
-            shared_table = self.rel_pos(positions, positions)
+        tables = self._relative_tables(positions, positions)
         hidden = [x]
         for i, layer in enumerate(self.layers):
-            table = shared_table
-            if cfg.position_type in ("relative", "both") and not cfg.share_relative_table:
-                table = self.rel_pos_layers[i](positions, positions)
-            x = layer(x, attention_mask, table, deterministic, encoder_states, cross_mask)
+            x = layer(x, attention_mask, tables[i], deterministic, encoder_states, cross_mask)
             hidden.append(x)
         if cfg.ln_style == "pre":
             x = self.final_norm(x)
             hidden[-1] = x
         return EncoderOutput(last_hidden_state=x,
                              hidden_states=tuple(hidden) if return_hidden_states else None)
+
+    def _relative_tables(self, positions_q: Array, positions_k: Array) -> list[Array | None]:
+        """Each layer's raw relative bias [B, H, Tq, Tk] (the shared table computed once), or
+        None per layer for a model without relative positions."""
+        cfg = self.config
+        if cfg.position_type not in ("relative", "both"):
+            return [None] * cfg.num_layers
+        if cfg.share_relative_table:
+            return [self.rel_pos(positions_q, positions_k)] * cfg.num_layers
+        return [table(positions_q, positions_k) for table in self.rel_pos_layers]
 
     @staticmethod
     def init_cache(config: ModelConfig, rows: int, max_length: int) -> tuple[LayerCache, ...]:
@@ -375,17 +380,12 @@ class Transformer(nn.Module):
         x = self.embeddings(input_ids, positions, valid, None, lang_ids, True)
         mask = (jnp.arange(length) <= step)[None, None, None, :]
         mask = jnp.broadcast_to(mask, (rows, 1, 1, length))
-        table = None
-        if cfg.position_type in ("relative", "both"):
-            keys = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None], (rows, length))
-            rel = (lambda i: self.rel_pos if cfg.share_relative_table
-                   else self.rel_pos_layers[i])
+        keys = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None], (rows, length))
+        tables = self._relative_tables(positions, keys)
         new_cache = []
         for i, layer in enumerate(self.layers):
-            if cfg.position_type in ("relative", "both"):
-                table = rel(i)(positions, keys)
-            x, layer_cache = layer(x, mask, table, True, encoder_states, cross_mask, cache[i],
-                                   step)
+            x, layer_cache = layer(x, mask, tables[i], True, encoder_states, cross_mask,
+                                   cache[i], step)
             new_cache.append(layer_cache)
         if cfg.ln_style == "pre":
             x = self.final_norm(x)

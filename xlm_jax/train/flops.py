@@ -14,10 +14,10 @@ peak: the trainer then logs only `model_tflops_per_sec` and the benchmark prints
 """
 from __future__ import annotations
 
-import jax
-
 from collections.abc import Sequence
 from typing import Any
+
+import jax
 
 from xlm_jax.data.features import PREFIXES
 from xlm_jax.models.config import ModelConfig
@@ -47,16 +47,18 @@ def encoder_flops(cfg: ModelConfig, seq_len: int, memory_len: int = 0,
     if cfg.position_type in ("relative", "both"):
         layer += 2 * 2 * d
     if memory_len:
-        layer += 2 * 2 * d * d + 2 * 2 * d * d * memory_len / seq_len + 2 * 2 * memory_len * d
+        layer += (2 * 2 * d * d + 2 * 2 * memory_len * d
+                  + memory_projection_flops(cfg, seq_len, memory_len, layers=1))
     return (cfg.num_layers if layers is None else layers) * layer
 
 
-def memory_projection_flops(cfg: ModelConfig, seq_len: int, memory_len: int) -> float:
+def memory_projection_flops(cfg: ModelConfig, seq_len: int, memory_len: int,
+                            layers: int | None = None) -> float:
     """The part of `encoder_flops(cfg, seq_len, memory_len)` that projects the memory to keys
     and values (per token): a pass whose memory is under stop_gradient differentiates it only
     with respect to the weights, 2 x instead of 3 x."""
     d = cfg.hidden_size
-    return cfg.num_layers * 2 * 2 * d * d * memory_len / seq_len
+    return (cfg.num_layers if layers is None else layers) * 2 * 2 * d * d * memory_len / seq_len
 
 
 def head_flops(cfg: ModelConfig) -> float:
