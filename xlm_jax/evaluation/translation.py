@@ -20,7 +20,7 @@ import numpy as np
 from xlm_jax import model_dir as md
 from xlm_jax.data.features import language_index
 from xlm_jax.models import decoding
-from xlm_jax.models.transformer import Transformer
+from xlm_jax.models.transformer import Transformer, default_positions
 from xlm_jax.objectives.translation import Translation
 
 
@@ -46,7 +46,7 @@ def translate_batch(objective: Translation, params: Any, source_ids: jax.Array,
     rows = source_ids.shape[0]
     source_ids = jnp.asarray(source_ids)
     valid = source_ids != pad_id
-    positions = jnp.where(valid, jnp.cumsum(valid, axis=1) - 1, 0)
+    positions = default_positions(valid)
     batch = {"x_input_ids": source_ids, "x_positions": positions,
              "x_segment_ids": valid.astype(jnp.int32),
              "x_lang_ids": jnp.where(valid, source_lang, 0)}

@@ -50,11 +50,10 @@ import jax
 import jax.numpy as jnp
 
 from xlm_jax.data.features import EOS_ID, language_index
-from xlm_jax.models import heads as heads_lib
 from xlm_jax.models import masks as masks_lib
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import Batch, LossOutput, Objective
-from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
+from xlm_jax.objectives.masking import MaskingConfig, mask_tokens, regular_token_logits
 from xlm_jax.objectives.mlm import masked_lm_sums
 
 VISIBILITIES = ("bidirectional", "camlm_src", "camlm_tgt", "camlm_one_pass", "btmlm_stage1")
@@ -325,9 +324,7 @@ class BackTranslationMLM(Objective):
         logits = _encode_logits(self.model, enc, prepared["stage1_ids"], prepared,
                                 visibility(prepared, "btmlm_stage1"),
                                 prepared["placeholder_positions"], jax.random.PRNGKey(0), True)
-        vocab = jnp.arange(logits.shape[-1])
-        special = (vocab < self.masking.first_regular_id) | (vocab == self.masking.mask_id)
-        logits = jnp.where(special, heads_lib.PADDED_LOGIT, logits)
+        logits = regular_token_logits(logits, self.masking)
         if self.decoding == "argmax":
             ids = jnp.argmax(logits, axis=-1)
         else:

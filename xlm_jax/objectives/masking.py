@@ -85,6 +85,17 @@ def default_eligible(input_ids: jax.Array, cfg: MaskingConfig) -> jax.Array:
     return (input_ids >= cfg.first_regular_id) & (input_ids != cfg.mask_id)
 
 
+def regular_token_logits(logits: jax.Array, cfg: MaskingConfig) -> jax.Array:
+    """`logits` [..., V] with every id that is not a regular token (the specials below
+    `first_regular_id` and `<mask>`) at `PADDED_LOGIT`, so argmax and sampling pick words only
+    (XLM-E's replacements, ERNIE-M's pseudo-tokens)."""
+    from xlm_jax.models.heads import PADDED_LOGIT
+
+    vocab = jnp.arange(logits.shape[-1])
+    special = (vocab < cfg.first_regular_id) | (vocab == cfg.mask_id)
+    return jnp.where(special, PADDED_LOGIT, logits)
+
+
 def mask_tokens(rng: jax.Array, input_ids: jax.Array, eligible: jax.Array | None,
                 cfg: MaskingConfig) -> MaskedInputs:
     """Selects and corrupts tokens for masked-LM training; static shapes throughout.

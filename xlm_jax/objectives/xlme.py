@@ -56,7 +56,7 @@ from xlm_jax.models.common import normal_init
 from xlm_jax.models.config import POSITION_TYPES, ModelConfig
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import Batch, LossOutput, Objective, check_kind
-from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
+from xlm_jax.objectives.masking import MaskingConfig, mask_tokens, regular_token_logits
 from xlm_jax.objectives.mlm import encoder_kwargs, masked_lm_sums
 
 WORD_EMBEDDINGS = "embeddings/word_embeddings/embedding"
@@ -244,10 +244,8 @@ class ReplacedTokenDetection(Objective):
         # Replacements are regular tokens: a sampled <pad> would turn the position into padding
         # for the discriminator (the encoder derives padding from the ids), and <s>, </s>,
         # <unk>, <mask> never stand for a word (our choice; the paper does not say).
-        vocab = jnp.arange(gen_logits.shape[-1])
-        special = (vocab < self.masking.first_regular_id) | (vocab == self.masking.mask_id)
-        logits = jnp.where(special, heads_lib.PADDED_LOGIT,
-                           jax.lax.stop_gradient(gen_logits) / self.temperature)
+        logits = regular_token_logits(jax.lax.stop_gradient(gen_logits) / self.temperature,
+                                      self.masking)
         sampled = jax.vmap(lambda k, lg: jax.random.categorical(k, lg, axis=-1))(
             prepared["sample_keys"], logits)
         original = prepared["original_ids"]
