@@ -68,3 +68,27 @@ def test_cross_attention_warm_up_resumes_exactly_across_the_switch(tmp_path):
 def _state_at(model_dir, step):
     with ocp.StandardCheckpointer() as ckptr:
         return ckptr.restore(md.trainer_state_dir(str(model_dir), step))
+
+
+def test_translation_starts_from_a_veco_checkpoint_and_trains(tmp_path):
+    """`init_from` a VECO run into the Translation objective (what `python -m xlm_jax.translate
+    --init_from` does): at step 0 the decoder's layer is the stack's last layer, the shared
+    arrays are separate buffers (the state is donated to the step; one buffer at two paths
+    used to fail with "donate the same buffer twice"), and after training the decoder layer
+    and the stack layer it came from have moved apart."""
+    from xlm_jax.objectives.translation import Translation
+
+    _train(tmp_path / "veco", 1, model=MODEL, objectives=_veco())
+    veco = _state(tmp_path / "veco")["params"]["encoder"]["layers_1"]
+    spec = {"translate": loop.ObjectiveSpec(factory=lambda model, name: Translation(
+        model, name=name, decoder_layers=1), task="synthetic:veco")}
+    _train(tmp_path / "mt", 2, model={**MODEL, "num_languages": 4, "language_init": "zeros"},
+           objectives=spec, init_from=str(tmp_path / "veco"), save_initial=True)
+    start = _state_at(tmp_path / "mt", 0)["params"]
+    _assert_close(start["objectives"]["decoder"]["layers_0"], veco, 0.0)
+    _assert_close(start["encoder"]["layers_1"], veco, 0.0)
+    end = _state(tmp_path / "mt")["params"]
+    dec = end["objectives"]["decoder"]["layers_0"]["mlp"]["intermediate"]["kernel"]
+    enc = end["encoder"]["layers_1"]["mlp"]["intermediate"]["kernel"]
+    assert not np.array_equal(dec, veco["mlp"]["intermediate"]["kernel"])
+    assert not np.array_equal(dec, enc)

@@ -127,6 +127,22 @@ def _check_tasks(model: ModelConfig, seqio_tasks: Sequence[str]) -> list[str] | 
     return languages
 
 
+def _unaliased(tree: Any) -> Any:
+    """`tree` with every leaf its own buffer: a leaf that is the same array object as an
+    earlier one is copied. `adapt_pretrained` may place one loaded array at two paths (VECO's
+    translation decoder starts from the stack's own layers), and a train state whose leaves
+    share a buffer cannot be donated to the step (XLA refuses to donate a buffer twice)."""
+    seen: set[int] = set()
+
+    def own(x: Any) -> Any:
+        if id(x) in seen:
+            return jax.numpy.array(x, copy=True)
+        seen.add(id(x))
+        return x
+
+    return jax.tree_util.tree_map(own, tree)
+
+
 def _fresh_state(init_fn: Callable[..., Any], shardings: Any,
                  objs: Sequence[step_lib.WeightedObjective], model: ModelConfig, seed: int,
                  init_from: str | None) -> step_lib.TrainState:
@@ -147,7 +163,7 @@ def _fresh_state(init_fn: Callable[..., Any], shardings: Any,
                                              vocab_size=model.vocab_size)
     for o in objs:
         params = o.objective.adapt_pretrained(params)
-    params = jax.device_put(params, shardings.params)
+    params = jax.device_put(_unaliased(params), shardings.params)
     obj_state = jax.jit(lambda p: nn.meta.unbox(step_lib.init_objective_state(objs, p)),
                         out_shardings=shardings.obj_state)(params)
     return state.replace(params=params, obj_state=obj_state)
