@@ -23,8 +23,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TATOEBA = "tasks/demo_data/tatoeba"
 
 
+def run_dir(out: str, lang: str, seed: int, init: str | None) -> str:
+    return os.path.join(out, f"{lang}_{'veco' if init else 'random'}_seed{seed}")
+
+
+def last_train_metrics(d: str) -> dict[str, float]:
+    """The teacher-forced token accuracy and NLL of the run's last logged training step."""
+    rows = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
+    last = [r for r in rows if r.get("split") == "train"][-1]
+    return {"accuracy": last["translate/accuracy"], "nll": last["translate/nll"]}
+
+
 def run(out: str, lang: str, seed: int, init: str | None, steps: int) -> float:
-    d = os.path.join(out, f"{lang}_{'veco' if init else 'random'}_seed{seed}")
+    d = run_dir(out, lang, seed, init)
     bleu = os.path.join(d, "bleu.json")
     if not os.path.exists(bleu):
         cmd = [sys.executable, "-m", "xlm_jax.translate", "--gin_file=demo/veco_translate.gin",
@@ -59,16 +70,24 @@ def main() -> None:
     for lang in a.langs:
         for init in (veco, None):
             scores = [run(a.out, lang, s, init, a.steps) for s in a.seeds]
+            tf = [last_train_metrics(run_dir(a.out, lang, s, init)) for s in a.seeds]
             name = "VECO" if init else "random"
-            summary[f"{lang}/{name}"] = scores
-            sd = statistics.stdev(scores) if len(scores) > 1 else 0.0
-            rows.append(f"| en-{lang} | {name} | {statistics.mean(scores):.2f} +- {sd:.2f} | "
-                        f"{', '.join(f'{x:.2f}' for x in scores)} |")
-    print(f"sacreBLEU, en -> xx, {a.steps} fine-tuning steps, seeds {a.seeds}")
-    print("| pair | initialisation | BLEU mean +- std | per seed |\n|---|---|---|---|")
+            summary[f"{lang}/{name}"] = {"bleu": scores, "train": tf}
+
+            def ms(xs: list[float], scale: float = 1.0) -> str:
+                sd = statistics.stdev(xs) * scale if len(xs) > 1 else 0.0
+                return f"{statistics.mean(xs) * scale:.2f} +- {sd:.2f}"
+
+            rows.append(f"| en-{lang} | {name} | {ms(scores)} | "
+                        f"{', '.join(f'{x:.2f}' for x in scores)} | "
+                        f"{ms([m['accuracy'] for m in tf], 100)} | {ms([m['nll'] for m in tf])} |")
+    print(f"sacreBLEU on the held-out file, en -> xx, {a.steps} fine-tuning steps, seeds "
+          f"{a.seeds}; teacher-forced token accuracy (%) and NLL of the last training step")
+    print("| pair | initialisation | BLEU mean +- std | per seed | train accuracy | train NLL |"
+          "\n|---|---|---|---|---|---|")
     print("\n".join(rows))
     with open(os.path.join(a.out, "summary.json"), "w") as f:
-        json.dump({"steps": a.steps, "seeds": a.seeds, "bleu": summary}, f, indent=2)
+        json.dump({"steps": a.steps, "seeds": a.seeds, "results": summary}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -51,3 +51,22 @@ def test_misaligned_test_files_fail_before_training(tmp_path):
     assert err.startswith("error: translate: ") and "src.txt has 8 lines" in err
     assert "tgt.txt has 7" in err and "line-aligned" in err
     assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+def test_a_language_without_a_language_id_token_fails_before_training(tmp_path):
+    """The test set's target language, then the pair task's own languages, against
+    LANGUAGE_TOKENS: each a one-line error naming the language, before anything is trained."""
+    pytest.importorskip("seqio")
+    files, _ = _test_files(tmp_path)
+    r = _run([f"--model_dir={tmp_path / 'a'}", "--gin.LANGUAGE_TOKENS=['en', 'fr']", *files])
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == (
+        "error: translate: target_lang='de' has no language-id token (language_tokens=['en', "
+        "'fr'])")
+    r = _run([f"--model_dir={tmp_path / 'b'}", "--gin.LANGUAGE_TOKENS=['en', 'fr']",
+              "--gin.TARGET_LANG='fr'", *files])
+    assert r.returncode == 2
+    err = r.stderr.strip().splitlines()[-1]
+    assert "language 'de' has no language-id token (language_tokens=['en', 'fr'])" in err
+    assert "the task's rows are in en, de" in err
+    assert not os.listdir(tmp_path / "b" / "checkpoints")  # no step was saved

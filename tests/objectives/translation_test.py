@@ -21,8 +21,13 @@ CFG = get_config("tiny", vocab_size=V, num_layers=3, hidden_size=32, num_heads=4
                  cross_attention=True, num_languages=4, pad_vocab_to_multiple_of=8)
 
 
-def _setup(**kw):
-    net = Transformer(CFG)
+# VECO's way: no language table; three language-id tokens in the padding rows 40..47
+TOKENS = ("a", "b", "c")
+TOKEN_CFG = CFG.replace(num_languages=0, pad_vocab_to_multiple_of=16)
+
+
+def _setup(cfg=CFG, **kw):
+    net = Transformer(cfg)
     obj = Translation(net, decoder_layers=2, **kw)
     params = nn.meta.unbox(init_params(net, [WeightedObjective(obj)], 16, jax.random.PRNGKey(0)))
     batch = {k: jnp.asarray(v) for k, v in synthetic_batch(3, 12, V, "veco", seed=1,
@@ -92,9 +97,13 @@ def test_teacher_forcing_is_causal():
     np.testing.assert_array_equal(after[1:], base[1:])
 
 
-def test_greedy_decoding_equals_an_uncached_argmax_through_the_objective():
-    obj, params, prep = _setup()
+@pytest.mark.parametrize("tokens", [False, True], ids=["language_embeddings", "language_tokens"])
+def test_greedy_decoding_equals_an_uncached_argmax_through_the_objective(tokens):
+    """Source language 2, target 3. With language-id tokens (synthetic lang_ids k ->
+    TOKENS[k - 1] -> id V + k - 1) the source's <s> is V + 1 and decoding starts from V + 2."""
+    obj, params, prep = (_setup(TOKEN_CFG, language_tokens=TOKENS) if tokens else _setup())
     src = np.asarray(prep["x_input_ids"])
+    src_first, start = (V + 1, V + 2) if tokens else (0, 0)
     length = 6
     out = translate_batch(obj, params, jnp.asarray(src), source_lang=2, target_lang=3,
                           beam_size=1, length_penalty=0.0, max_length=length, bos_id=0,
@@ -102,12 +111,14 @@ def test_greedy_decoding_equals_an_uncached_argmax_through_the_objective():
     tokens = np.asarray(out.tokens)[:, 0]
     # reference: re-run the whole decoder on the prefix every step, argmax the last position
     valid = src != 1
+    src = src.copy()
+    src[:, 0] = np.where(valid[:, 0], src_first, src[:, 0])
     x = {"x_input_ids": jnp.asarray(src),
          "x_positions": jnp.asarray(np.where(valid, np.cumsum(valid, 1) - 1, 0)),
          "x_segment_ids": jnp.asarray(valid.astype(np.int32)),
          "x_lang_ids": jnp.asarray(np.where(valid, 2, 0))}
     memory = obj.encode_source(params, x)
-    prefix = np.zeros((src.shape[0], 1), np.int32)
+    prefix = np.full((src.shape[0], 1), start, np.int32)
     done = np.zeros(src.shape[0], bool)
     for t in range(length - 1):
         n = prefix.shape[1]
@@ -126,8 +137,33 @@ def test_greedy_decoding_equals_an_uncached_argmax_through_the_objective():
     ({"decoder_layers": 4}, {}, r"decoder_layers=4 must be in \[1, 3\] \(the encoder has 3"),
     ({"take": "middle"}, {}, r"take='middle' must be one of last, first"),
     ({"label_smoothing": 1.0}, {}, r"label_smoothing=1.0 must be in \[0, 1\)"),
-    ({}, {"num_languages": 0}, r"needs a model with language embeddings .* num_languages=0"),
+    ({}, {"num_languages": 0}, r"without language_tokens .* num_languages=0; set"),
+    ({"language_tokens": ["en", "de"]}, {"pad_vocab_to_multiple_of": 1},
+     r"language_tokens=\['en', 'de'\] need 2 rows .* has 0 \(padded_vocab_size=40\)"),
+    ({"language_tokens": ["en", "en"]}, {}, r"language_tokens=\['en', 'en'\] must be distinct"),
 ])
 def test_bad_settings_name_the_value(kw, cfg, match):
     with pytest.raises(ValueError, match=match):
         Translation(Transformer(CFG.replace(**cfg)), **{"decoder_layers": 2, **kw})
+
+
+def test_language_tokens_open_each_row_with_its_language():
+    """prepare() puts the row's language-id token where each source and target row had <s>;
+    padding rows keep their padding; a listed language missing from the run's list, and a task
+    language without a token, are errors naming the language."""
+    obj, _, prep = _setup(TOKEN_CFG, language_tokens=TOKENS)
+    raw = synthetic_batch(3, 12, V, "veco", seed=1, num_languages=3)
+    for side in ("x_", "y_"):
+        ids, lang = np.asarray(prep[side + "input_ids"]), raw[side + "lang_ids"][:, 0]
+        live = raw[side + "segment_ids"][:, 0] > 0
+        np.testing.assert_array_equal(ids[live, 0], V + lang[live] - 1)
+        np.testing.assert_array_equal(ids[~live, 0], raw[side + "input_ids"][~live, 0])
+        np.testing.assert_array_equal(ids[:, 1:], raw[side + "input_ids"][:, 1:])
+    obj.bind_languages(["de", "c", "a", "b"])  # lang_ids 1..4; "de" has no token
+    assert list(obj._token_table) == [-1, -1, V + 2, V, V + 1]
+    with pytest.raises(ValueError, match=r"names 'b', which is not in the tasks' language"):
+        obj.bind_languages(["a", "c"])
+    with pytest.raises(ValueError, match=r"language 'de' has no language-id token \(language_"
+                                         r"tokens=\['a', 'b', 'c'\]\); add it \(the task's "
+                                         r"rows are in a, de\)"):
+        obj.check_task_languages(["a", "de"])

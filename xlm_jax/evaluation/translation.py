@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import gin
@@ -42,10 +43,14 @@ def translate_batch(objective: Translation, params: Any, source_ids: jax.Array,
                     source_lang: int, target_lang: int, beam_size: int, length_penalty: float,
                     max_length: int, bos_id: int, eos_id: int, pad_id: int
                     ) -> decoding.DecodeResult:
-    """Beam search (greedy for beam 1) from the encoder's output of `source_ids` [B, S]."""
+    """Beam search (greedy for beam 1) from the encoder's output of `source_ids` [B, S]
+    (`<s> x </s>` rows; with language-id tokens the `<s>` becomes the source language's token
+    and decoding starts from the target language's, `Translation.first_tokens`)."""
     rows = source_ids.shape[0]
     source_ids = jnp.asarray(source_ids)
     valid = source_ids != pad_id
+    source_first, start_id = objective.first_tokens(source_lang, target_lang, bos_id)
+    source_ids = source_ids.at[:, 0].set(jnp.where(valid[:, 0], source_first, source_ids[:, 0]))
     positions = default_positions(valid)
     batch = {"x_input_ids": source_ids, "x_positions": positions,
              "x_segment_ids": valid.astype(jnp.int32),
@@ -68,8 +73,9 @@ def translate_batch(objective: Translation, params: Any, source_ids: jax.Array,
 
     cache = (Transformer.init_cache(cfg, rows, max_length), memory, valid)
     if beam_size == 1:
-        return decoding.greedy_search(logits_fn, cache, rows, max_length, bos_id, eos_id, pad_id)
-    return decoding.beam_search(logits_fn, cache, rows, beam_size, max_length, bos_id, eos_id,
+        return decoding.greedy_search(logits_fn, cache, rows, max_length, start_id, eos_id,
+                                      pad_id)
+    return decoding.beam_search(logits_fn, cache, rows, beam_size, max_length, start_id, eos_id,
                                 pad_id, length_penalty)
 
 
@@ -79,11 +85,13 @@ def evaluate(model_dir: str, *, source_file: str = gin.REQUIRED,
              target_lang: str = gin.REQUIRED, decoder_layers: int = 6, beam_size: int = 4,
              length_penalty: float = 0.6, max_length: int = 64, max_source_length: int = 64,
              batch_size: int = 32, step: int | None = None,
+             language_tokens: Sequence[str] | None = None,
              check_only: bool = False) -> dict[str, Any]:
     """Translates `source_file` (one sentence per line) with the checkpoint in `model_dir`
     and scores it against `target_file` with sacreBLEU; returns and writes `bleu.json`.
     `check_only` validates the settings and the test files and returns (the CLI does this
-    before training, so a bad file fails in seconds, not after the fine-tuning)."""
+    before training, so a bad file fails in seconds, not after the fine-tuning).
+    `language_tokens`: the `Translation` objective's setting (the same gin macro)."""
     import orbax.checkpoint as ocp
     import sacrebleu
 
@@ -96,6 +104,11 @@ def evaluate(model_dir: str, *, source_file: str = gin.REQUIRED,
     if len(sources) != len(references):
         raise ValueError(f"translate: {source_file} has {len(sources)} lines but {target_file} "
                          f"has {len(references)}; the files must be line-aligned")
+    if language_tokens is not None:
+        for what, lang in (("source_lang", source_lang), ("target_lang", target_lang)):
+            if lang not in language_tokens:
+                raise ValueError(f"translate: {what}={lang!r} has no language-id token "
+                                 f"(language_tokens={list(language_tokens)})")
     if check_only:
         return {"sentences": len(sources)}
     cfg = md.read_config(model_dir)
@@ -105,7 +118,9 @@ def evaluate(model_dir: str, *, source_file: str = gin.REQUIRED,
                          "names its languages through the trainer's language list")
     src_id, tgt_id = (language_index(lang, languages) for lang in (source_lang, target_lang))
     tok = XLMRTokenizer(md.find_spm(model_dir))
-    objective = Translation(Transformer(cfg), decoder_layers=decoder_layers)
+    objective = Translation(Transformer(cfg), decoder_layers=decoder_layers,
+                            language_tokens=language_tokens)
+    objective.bind_languages(languages)
     with ocp.StandardCheckpointer() as ckptr:
         params = ckptr.restore(md.trainer_state_dir(model_dir, step))["params"]
     run = jax.jit(lambda p, ids: translate_batch(

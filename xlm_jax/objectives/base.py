@@ -119,6 +119,12 @@ class Objective(abc.ABC):
         no codes. Objectives whose settings name languages (ERNIE-M's BTMLM targets) resolve
         them here and raise a ValueError naming the setting; nothing by default."""
 
+    def check_task_languages(self, codes: Sequence[str]) -> None:
+        """Called by the trainer before compiling with the languages the objective's task rows
+        can carry, when the registry records them (parallel tasks). An objective that needs
+        something per language (Translation's language-id tokens) raises a ValueError naming
+        the language it lacks; nothing by default."""
+
     # -- parameter access -----------------------------------------------------------------
 
     @staticmethod

@@ -17,21 +17,30 @@ gets the mesh, checkpoints, resume and gin like pre-training:
   next token; the loss is label-smoothed cross-entropy (`label_smoothing`, 0.1 by default:
   our choice, the usual NMT value) over the real vocabulary.
 
-Languages: VECO marks languages with language-id tokens; here every token carries its
-language through the model's language embeddings (XLM's way, `lang_ids` of the source and
-target rows), so the decoder's first input, `<s>` with the target language's vector, names
-the language to produce (our choice: the library's vocabularies have no language tokens).
-The model therefore needs `num_languages > 0`; `language_init='zeros'` keeps a pre-trained
-stack's function unchanged at step 0. Decoding: `xlm_jax.translate` (beam search with a cache,
-`xlm_jax.models.decoding`).
+Languages, two ways:
+- `language_tokens=[codes]` (VECO's way, and `finetune/veco_translate.gin`'s): each listed
+  language has a language-id token, `language_tokens[i]` <-> id `vocab_size + i`, a row of the
+  padded vocabulary table beyond the SentencePiece ids (so no vocabulary or pre-trained table
+  changes shape; those rows' logits are -1e9, so they are read, never predicted). The token
+  replaces the `<s>` that opens the source row (the source language) and the target row (the
+  target language): the decoder's first input names the language to produce and decoding
+  starts from it. The model needs no language embeddings (VECO has none, App. A). Which ids the
+  tokens take, and that they replace `<s>`, is our choice: the paper names no ids.
+- `language_tokens=None`: every token carries its language through the model's language
+  embeddings (XLM's way, `lang_ids`; needs `num_languages > 0`; `language_init='zeros'`
+  keeps a pre-trained stack's function unchanged at step 0).
+A language without a token fails before compiling (`check_task_languages` with the task's
+languages; `token_of` for the test languages of `xlm_jax.translate`). Decoding:
+`xlm_jax.translate` (beam search with a cache, `xlm_jax.models.decoding`).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from xlm_jax.models import masks as masks_lib
 from xlm_jax.models.transformer import Transformer
@@ -48,7 +57,8 @@ class Translation(Objective):
 
     def __init__(self, model: Transformer, name: str = "translate", decoder_layers: int = 6,
                  take: str = "last", label_smoothing: float = 0.1,
-                 decoder_module: str = "decoder"):
+                 decoder_module: str = "decoder",
+                 language_tokens: Sequence[str] | None = None):
         owner = f"Translation(name={name!r})"
         cfg = model.config
         if not isinstance(decoder_layers, int) or not 1 <= decoder_layers <= cfg.num_layers:
@@ -58,16 +68,84 @@ class Translation(Objective):
             raise ValueError(f"{owner}: take={take!r} must be one of {', '.join(TAKE)}")
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"{owner}: label_smoothing={label_smoothing!r} must be in [0, 1)")
-        if cfg.num_languages <= 0:
-            raise ValueError(f"{owner} needs a model with language embeddings (the target "
-                             f"language is given by them), but num_languages="
-                             f"{cfg.num_languages}")
+        if language_tokens is None:
+            if cfg.num_languages <= 0:
+                raise ValueError(f"{owner}: without language_tokens the target language is "
+                                 f"given by language embeddings, but the model has "
+                                 f"num_languages={cfg.num_languages}; set language_tokens or "
+                                 f"num_languages")
+            self.language_tokens = None
+        else:
+            codes = [language_tokens] if isinstance(language_tokens, str) else list(language_tokens)
+            if not codes or len(set(codes)) != len(codes):
+                raise ValueError(f"{owner}: language_tokens={codes!r} must be distinct "
+                                 "language codes, at least one")
+            room = cfg.padded_vocab_size - cfg.vocab_size
+            if len(codes) > room:
+                raise ValueError(
+                    f"{owner}: language_tokens={codes!r} need {len(codes)} rows after the "
+                    f"vocabulary's {cfg.vocab_size} ids but the padded table has {room} "
+                    f"(padded_vocab_size={cfg.padded_vocab_size}); raise the model's "
+                    f"pad_vocab_to_multiple_of")
+            self.language_tokens = tuple(codes)
+        self.owner = owner
+        # lang_ids value -> language-id token (-1: none); synthetic streams (no language
+        # list) read lang_ids k as language_tokens[k - 1]
+        self._token_table = np.array(
+            [-1] + [cfg.vocab_size + i for i in range(len(self.language_tokens or ()))],
+            np.int32)
         self.model, self.name = model, name
         self.take, self.label_smoothing = take, float(label_smoothing)
         self.decoder_module = decoder_module
         self.decoder_config = cfg.replace(num_layers=decoder_layers, cross_attention=True)
         self.decoder = Transformer(self.decoder_config)
         self.encoder_params_used = tuple(SHARED)
+
+    # -- languages ------------------------------------------------------------------------
+
+    def token_of(self, code: str) -> int:
+        """The language-id token of `code`; a ValueError naming it when it has none."""
+        if self.language_tokens is None:
+            raise ValueError(f"{self.owner} marks languages with language embeddings, not "
+                             "tokens (language_tokens=None)")
+        if code not in self.language_tokens:
+            raise ValueError(f"{self.owner}: language {code!r} has no language-id token "
+                             f"(language_tokens={list(self.language_tokens)}); add it")
+        return self.model.config.vocab_size + self.language_tokens.index(code)
+
+    def bind_languages(self, languages: Sequence[str] | None) -> None:
+        """Maps the run's `lang_ids` values to the tokens (a listed code missing from the run's
+        language list is a ValueError)."""
+        if self.language_tokens is None or languages is None:
+            return
+        missing = [c for c in self.language_tokens if c not in languages]
+        if missing:
+            raise ValueError(f"{self.owner}: language_tokens names {missing[0]!r}, which is not "
+                             f"in the tasks' language list")
+        self._token_table = np.array(
+            [-1] + [self.token_of(c) if c in self.language_tokens else -1 for c in languages],
+            np.int32)
+
+    def check_task_languages(self, codes: Sequence[str]) -> None:
+        if self.language_tokens is not None:
+            for code in codes:
+                try:
+                    self.token_of(code)
+                except ValueError as e:
+                    raise ValueError(f"{e} (the task's rows are in {', '.join(codes)})") from None
+
+    def first_tokens(self, source_lang: int, target_lang: int, bos_id: int) -> tuple[int, int]:
+        """The first token of a source row and the decoder's first input for `lang_ids`
+        values `source_lang` and `target_lang`: the language-id tokens, or `<s>` twice."""
+        if self.language_tokens is None:
+            return bos_id, bos_id
+        src, tgt = (int(self._token_table[i]) if 0 < i < len(self._token_table) else -1
+                    for i in (source_lang, target_lang))
+        if src < 0 or tgt < 0:
+            raise ValueError(f"{self.owner}: lang_ids {source_lang if src < 0 else target_lang} "
+                             f"has no language-id token (language_tokens="
+                             f"{list(self.language_tokens)})")
+        return src, tgt
 
     # -- modules --------------------------------------------------------------------------
 
@@ -120,7 +198,19 @@ class Translation(Objective):
     # -- the computation ------------------------------------------------------------------
 
     def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
-        return dict(batch)
+        """With language tokens, the `<s>` opening each source and target row becomes the
+        row's language-id token (a row whose language has none keeps `<s>`; the trainer has
+        refused such tasks before compiling)."""
+        out = dict(batch)
+        if self.language_tokens is None:
+            return out
+        table = jnp.asarray(self._token_table)
+        for side in ("x_", "y_"):
+            ids, lang = out[side + "input_ids"], out[side + "lang_ids"][:, 0]
+            token = table[jnp.clip(lang, 0, table.shape[0] - 1)]
+            use = (out[side + "segment_ids"][:, 0] > 0) & (lang < table.shape[0]) & (token >= 0)
+            out[side + "input_ids"] = ids.at[:, 0].set(jnp.where(use, token, ids[:, 0]))
+        return out
 
     def _targets(self, prepared: Batch) -> tuple[jax.Array, jax.Array]:
         """Next-token targets [B, T] (y shifted left) and their weights."""

@@ -90,6 +90,20 @@ def language_list(tasks: Sequence[str]) -> list[str] | None:
     return list(next(iter(seen))) if seen else None
 
 
+def task_languages(task: str) -> list[str] | None:
+    """The language codes the rows of `task` (a seqio task or mixture of the registry) can
+    carry: both sides of each parallel member, in the order first seen. None when that is not
+    recorded (synthetic streams, monolingual tasks, tasks registered without the registry)."""
+    codes: list[str] = []
+    for member, _ in _seqio_members([task]):
+        table = tuple(getattr(member, "xlm_jax_languages", ()))
+        ids = (getattr(member, "xlm_jax_definition", None) or {}).get("langs")
+        if not table or not ids:
+            return None
+        codes += [table[i - 1] for i in ids if table[i - 1] not in codes]
+    return codes or None
+
+
 def vocabulary_size(tasks: Sequence[str]) -> tuple[int, str] | None:
     """The largest token vocabulary (ids 0..size-1 of the `*input_ids` features) among the
     seqio tasks/mixtures in `tasks`, with the task that has it; None for synthetic streams.

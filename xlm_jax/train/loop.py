@@ -285,6 +285,10 @@ def train(model_dir: str,
                                     check_tasks=not force_synthetic)
     for o in objs:
         o.objective.bind_languages(languages)
+        if not force_synthetic:
+            task_codes = data_lib.task_languages(objectives[o.name].task)
+            if task_codes:
+                o.objective.check_task_languages(task_codes)
     schedule = optim_lib.make_schedule(optimizer)
     tx = optim_lib.make_optimizer(optimizer)
     init_fn = step_lib.make_init_fn(net, objs, tx, seq_len)
