@@ -1,14 +1,27 @@
-"""Test-wide setup: 8 fake CPU devices and the CPU platform, set before jax is imported.
+"""Test-wide setup: 8 fake CPU devices, the CPU platform and a compilation cache, set before
+jax is imported.
 
 The sharding tests need 8 host devices (mesh data=2, fsdp=2, tensor=2); single-device
 computations simply run on device 0, so every test can share this setting.
 """
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One persistent XLA compilation cache for the run, which the training subprocesses of the CLI
+# tests inherit: a SIGKILLed run and its resume compile the step the uninterrupted run already
+# compiled, and many tests compile the same tiny models. A compiled executable computes what a
+# fresh compile does, so no result depends on it; it only saves time. Removed at exit.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="xlm_jax_tests_xla_cache_")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
 import pytest  # noqa: E402  (after the environment above)
 

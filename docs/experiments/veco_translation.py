@@ -1,14 +1,15 @@
 """VECO initialisation vs random initialisation for translation on the embedded demo.
 
     python docs/experiments/veco_translation.py --out /tmp/veco_mt [--veco_dir DIR]
-        [--langs de fr] [--seeds 0 1] [--steps 150]
+        [--langs de fr] [--seeds 0 1] [--steps 600]
 
 First pre-trains the demo VECO model (`python -m xlm_jax.train --gin_file=demo/veco.gin`) unless
 `--veco_dir` names one; then, per language xx, seed and initialisation, fine-tunes
 `demo/veco_translate.gin` on `demo_veco_parallel_en_xx` for `--steps` steps and scores en -> xx
 on the held-out `tatoeba.xx-eng` file with sacreBLEU. Prints BLEU mean +- std over seeds per
 language and initialisation (the VECO paper's Table 4 direction: VECO initialisation beats
-random). Runs whose `bleu.json` exists are not re-run.
+random), and the teacher-forced accuracy and NLL of each run's last training step. Runs
+whose `bleu.json` exists are not re-run. Measured figures: docs/NOTES.md, "VECO".
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def main() -> None:
     p.add_argument("--veco_dir", default=None)
     p.add_argument("--langs", nargs="+", default=["de", "fr"])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--steps", type=int, default=600)
     a = p.parse_args()
     veco = a.veco_dir or os.path.join(a.out, "veco_pretrain")
     if not a.veco_dir and not os.path.exists(os.path.join(veco, "checkpoints")):
