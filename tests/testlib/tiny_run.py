@@ -48,7 +48,7 @@ def train_tiny(model_dir: Any, steps: int, *, model: dict | None = None,
         mesh=mesh or partitioning.MeshConfig(data=-1), num_devices=num_devices,
         checkpoint=checkpoints.CheckpointConfig(save_every_steps=save_every, keep=5,
                                                 async_save=False),
-        log_every=1, out=out or open(os.devnull, "w"), **kw)
+        out=out or open(os.devnull, "w"), **{"log_every": 1, **kw})
 
 
 def assert_trees_close(a: Any, b: Any, atol: float) -> None:

@@ -68,12 +68,21 @@ def head_flops(cfg: ModelConfig) -> float:
     return 2 * (d * d + d * cfg.padded_vocab_size)
 
 
-def mixture_flops_per_token(objectives: Sequence[Any], seq_len: int) -> float:
-    """Model FLOPs of one train step per row-token of the mixture: the sum of the objectives'
-    `flops_per_example` over the sum of their rows' positions (every objective draws the same
-    number of examples; padded positions count, as the step computes them)."""
-    flops = sum(o.flops_per_example(seq_len) for o in objectives)
-    positions = sum(len(PREFIXES[o.kind]) * seq_len for o in objectives)
+def mixture_flops_per_token(objectives: Sequence[Any], seq_len: int,
+                            shapes: Sequence[Any] | None = None) -> float:
+    """Model FLOPs per row-token of the mixture: the objectives' FLOPs over one cycle of the
+    mixture (`train.mixture`) over the row positions they compute in it (padded positions
+    count, as the step computes them). Without `shapes` every objective draws the same
+    number of rows of `seq_len` tokens at every step; `shapes[i]` (a `mixture.Shape`) gives
+    objective i's rows, length and period."""
+    flops = positions = 0.0
+    for i, o in enumerate(objectives):
+        rows, length, runs = 1, seq_len, 1.0
+        if shapes is not None:
+            s = shapes[i]
+            rows, length, runs = s.batch_size, s.seq_len, 1.0 / s.every
+        flops += runs * rows * o.flops_per_example(length)
+        positions += runs * rows * len(PREFIXES[o.kind]) * length
     return flops / positions
 
 

@@ -29,6 +29,7 @@ from xlm_jax.train import declarations
 from xlm_jax.train import data as data_lib
 from xlm_jax.train import flops as flops_lib
 from xlm_jax.train import metrics as metrics_lib
+from xlm_jax.train import mixture
 from xlm_jax.train import optim as optim_lib
 from xlm_jax.train import partitioning
 from xlm_jax.train import step as step_lib
@@ -42,6 +43,12 @@ class ObjectiveSpec:
     task: str = "synthetic:mono"  # seqio task/mixture name, or synthetic:KIND
     weight: float = 1.0
     eval_task: str | None = None  # a held-out task for periodic eval (None: no eval)
+    # Its own global rows / row length per batch (None: loop.train's batch_size / seq_len),
+    # and the steps it runs at: 0-based steps s with s % every == offset (see train.mixture).
+    batch_size: int | None = None
+    seq_len: int | None = None
+    every: int = 1
+    offset: int = 0
 
 
 @dataclasses.dataclass
@@ -53,12 +60,13 @@ class TrainResult:
     losses: list[float]
     last_metrics: dict[str, float]
     step_seconds: list[float]  # wall time of each step, host sync included (first = compile)
-    tokens_per_step: float  # non-pad tokens per global step, all objectives
+    tokens_per_step: float  # non-pad tokens per global step, all objectives, mean over steps
     flops_per_token: float
     model: ModelConfig
-    batch_size: int  # global, per objective
+    batch_size: int  # global, per objective (the run's; `shapes` has each objective's own)
     seq_len: int
     objectives: tuple[str, ...]
+    shapes: dict[str, mixture.Shape]
 
 
 def model_config(size: str = "base", overrides: Mapping[str, Any] | None = None) -> ModelConfig:
@@ -100,13 +108,15 @@ def _global_batch(local: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh) -> d
             for k, v in local.items()}
 
 
-def _check_batch(batch_size: int, accum_steps: int, mesh: jax.sharding.Mesh) -> None:
+def _check_batch(batch_size: int, accum_steps: int, mesh: jax.sharding.Mesh,
+                 name: str = "") -> None:
     dp = partitioning.data_parallel_size(mesh)
+    what = f"objective '{name}': global batch size" if name else "global batch size"
     if batch_size % dp:
-        raise ValueError(f"global batch size {batch_size} is not divisible by the data-parallel "
+        raise ValueError(f"{what} {batch_size} is not divisible by the data-parallel "
                          f"size {dp} (mesh data x fsdp = {dict(mesh.shape)})")
     if batch_size % accum_steps or (batch_size // accum_steps) % dp:
-        raise ValueError(f"global batch size {batch_size} with accum_steps={accum_steps} gives "
+        raise ValueError(f"{what} {batch_size} with accum_steps={accum_steps} gives "
                          f"microbatches not divisible by the data-parallel size {dp}")
 
 
@@ -271,8 +281,12 @@ def train(model_dir: str,
         raise ValueError(f"loop.train.loss_normalization={loss_normalization!r}: expected one "
                          f"of {', '.join(step_lib.LOSS_NORMALIZATIONS)}")
     ckpt = ckpt_lib.Checkpointer(model_dir, checkpoint)  # fails now if model_dir is unwritable
+    shapes = mixture.resolve(objectives, batch_size, seq_len)
     device_mesh = partitioning.make_mesh(mesh, jax.devices()[:num_devices] if num_devices else None)
     _check_batch(batch_size, accum_steps, device_mesh)
+    for name, shape in shapes.items():
+        if shape.batch_size != batch_size:
+            _check_batch(shape.batch_size, accum_steps, device_mesh, name)
     if not force_synthetic:  # synthetic runs (the benchmark) must not need TensorFlow
         data_lib.import_modules(task_modules)
     # the seqio tasks/mixtures the run reads (none when every stream is synthetic)
@@ -314,12 +328,16 @@ def train(model_dir: str,
 
         tasks = {name: (f"{data_lib.SYNTHETIC}{o.objective.kind}" if force_synthetic else spec.task)
                  for o, (name, spec) in zip(objs, objectives.items())}
+        # each stream at its own position: the number of steps before `start` it ran at
         streams = {name: data_lib.make_stream(
-                       tasks[name], batch_size, seq_len,
-                       *data_lib.resume_plan(seed + 1000 * i, start, data_resume),
+                       tasks[name], shapes[name].batch_size, shapes[name].seq_len,
+                       *data_lib.resume_plan(seed + 1000 * i, shapes[name].runs_before(start),
+                                             data_resume),
                        model.vocab_size,
                        num_languages=data_lib.synthetic_language_count(model.num_languages))
-                   for i, (name, spec) in enumerate(objectives.items())}
+                   for i, name in enumerate(objectives)}
+        if any(s != mixture.Shape(batch_size, seq_len) for s in shapes.values()):
+            print(f"mixture: {mixture.describe(shapes)}", file=out, flush=True)
         step_fn = jax.jit(
             step_lib.make_train_step(objs, tx, schedule, accum_steps, loss_normalization),
             in_shardings=(shardings, None, partitioning.replicated(device_mesh)),
@@ -329,12 +347,14 @@ def train(model_dir: str,
         writer = metrics_lib.MetricsWriter(model_dir, is_primary=is_primary)
         progress = metrics_lib.Progress(train_steps, out=out, log_every=log_every,
                                         is_primary=is_primary, start_step=start)
-        flops_per_token = flops_lib.mixture_flops_per_token([o.objective for o in objs], seq_len)
+        flops_per_token = flops_lib.mixture_flops_per_token(
+            [o.objective for o in objs], seq_len, [shapes[o.name] for o in objs])
         rng = jax.random.PRNGKey(seed + 1)
         losses: list[float] = []
         step_seconds: list[float] = []
-        tokens_per_step = 0.0
+        step_tokens: list[int] = []
         last: dict[str, float] = {}
+        window = metrics_lib.WindowMean()
         window_tokens, window_start = 0, time.perf_counter()
         tracing = False
         for step in range(start, train_steps):
@@ -342,7 +362,7 @@ def train(model_dir: str,
                 jax.profiler.start_trace(model_dir)
                 tracing = True
             t0 = time.perf_counter()
-            local = {name: next(s) for name, s in streams.items()}
+            local = {name: next(streams[name]) for name in mixture.running(shapes, step)}
             batches = {name: _global_batch(b, device_mesh) for name, b in local.items()}
             state, metrics = step_fn(state, batches, rng)
             metrics = jax.device_get(metrics)
@@ -353,13 +373,14 @@ def train(model_dir: str,
                 tracing = False
             _check_finite(metrics, objs, done, ckpt, model_dir)
             losses.append(float(metrics["loss"]))
-            tokens_per_step = sum(int((v != model.pad_id).sum()) for b in local.values()
-                                  for k, v in b.items() if k.endswith("input_ids")
-                                  ) * jax.process_count()
-            window_tokens += tokens_per_step
+            step_tokens.append(sum(int((v != model.pad_id).sum()) for b in local.values()
+                                   for k, v in b.items() if k.endswith("input_ids")
+                                   ) * jax.process_count())
+            window_tokens += step_tokens[-1]
+            window.add(metrics)
             if done % log_every == 0 or done == train_steps:
                 elapsed = max(time.perf_counter() - window_start, 1e-9)
-                last = {k: float(v) for k, v in metrics.items()}
+                last = window.pop()
                 last["tokens_per_sec"] = window_tokens / elapsed
                 last["model_tflops_per_sec"] = flops_per_token * last["tokens_per_sec"] / 1e12
                 mfu = flops_lib.mfu(flops_per_token * last["tokens_per_sec"])
@@ -369,7 +390,7 @@ def train(model_dir: str,
                 progress.update(done, last)
                 window_tokens, window_start = 0, time.perf_counter()
             if eval_every and done % eval_every == 0:
-                _evaluate(objectives, objs, eval_fn, state, device_mesh, batch_size, seq_len,
+                _evaluate(objectives, objs, eval_fn, state, device_mesh, shapes,
                           seed, model, eval_batches, writer, done)
             if save_checkpoints and (ckpt.should_save(done) or done == train_steps):
                 ckpt.save(done, flax.serialization.to_state_dict(state),
@@ -387,16 +408,20 @@ def train(model_dir: str,
         writer.close()
     return TrainResult(model_dir=model_dir, final_step=train_steps, losses=losses,
                        last_metrics=last, step_seconds=step_seconds,
-                       tokens_per_step=tokens_per_step, flops_per_token=flops_per_token,
+                       tokens_per_step=float(np.mean(step_tokens)) if step_tokens else 0.0,
+                       flops_per_token=flops_per_token,
                        model=model, batch_size=batch_size, seq_len=seq_len,
-                       objectives=tuple(objectives))
+                       objectives=tuple(objectives), shapes=shapes)
 
 
 def _check_finite(metrics: Mapping[str, Any], objs: Sequence[step_lib.WeightedObjective],
                   step: int, ckpt: ckpt_lib.Checkpointer, model_dir: str) -> None:
     """A non-finite loss stops the run, naming the objective and the last good checkpoint
-    (pending saves are finished first, so nothing written is lost)."""
+    (pending saves are finished first, so nothing written is lost). Objectives that did not
+    run at this step (`train.mixture`) have no loss to check."""
     for o in objs:
+        if f"{o.name}/loss" not in metrics:
+            continue
         value = float(metrics[f"{o.name}/loss"])
         if not np.isfinite(value):
             ckpt.wait()
@@ -405,16 +430,18 @@ def _check_finite(metrics: Mapping[str, Any], objs: Sequence[step_lib.WeightedOb
                 f"last good checkpoint: step {ckpt.latest_step()} in {model_dir}")
 
 
-def _evaluate(specs, objs, eval_fn, state, mesh, batch_size, seq_len, seed, model,
+def _evaluate(specs, objs, eval_fn, state, mesh, shapes, seed, model,
               num_batches, writer, step) -> None:
-    """Mean of each objective's eval metrics over `num_batches` batches of its eval_task."""
+    """Mean of each objective's eval metrics over `num_batches` batches of its eval_task (at
+    the objective's own batch shape)."""
     evaluated = [(o, specs[o.name].eval_task) for o in objs if specs[o.name].eval_task]
     if not evaluated:
         return
     sums: dict[str, float] = {}
     for o, task in evaluated:
         s = data_lib.make_stream(
-            task, batch_size, seq_len, seed + 7, 0, model.vocab_size,
+            task, shapes[o.name].batch_size, shapes[o.name].seq_len, seed + 7, 0,
+            model.vocab_size,
             num_languages=data_lib.synthetic_language_count(model.num_languages))
         for i in range(num_batches):
             m = jax.device_get(eval_fn(state, {o.name: _global_batch(next(s), mesh)},

@@ -140,6 +140,33 @@ class MetricsWriter:
         self.close()
 
 
+class WindowMean:
+    """The scalars logged for a window of steps: each key's mean over the steps that reported
+    it (an objective of an alternating mixture reports only on its own steps), and the last
+    value of the keys that are a state rather than a step's measurement (`LAST`)."""
+
+    LAST = ("learning_rate",)
+
+    def __init__(self) -> None:
+        self._sums: dict[str, float] = {}
+        self._counts: dict[str, int] = {}
+
+    def add(self, metrics: Mapping[str, Any]) -> None:
+        for key, value in metrics.items():
+            value = _to_float(key, value)
+            if key in self.LAST:
+                self._sums[key], self._counts[key] = value, 1
+            else:
+                self._sums[key] = self._sums.get(key, 0.0) + value
+                self._counts[key] = self._counts.get(key, 0) + 1
+
+    def pop(self) -> dict[str, float]:
+        """The window's scalars, in first-reported order; the window starts anew."""
+        out = {k: v / self._counts[k] for k, v in self._sums.items()}
+        self._sums, self._counts = {}, {}
+        return out
+
+
 def _fmt(v: float) -> str:
     if v == 0 or not math.isfinite(v):
         return str(v)

@@ -134,7 +134,10 @@ def make_train_step(objectives: Sequence[WeightedObjective],
     """The pure step: `train_step(state, batches, rng) -> (state, metrics)`.
 
     `batches` maps objective name -> its batch; `rng` is the run's base key (the step's key
-    is folded in from `state.step`, so a resumed run draws the same randomness).
+    is folded in from `state.step`, so a resumed run draws the same randomness). Only the
+    objectives with a batch run (`train.mixture`: alternating phases); the others' state is
+    carried over unchanged and they report no metrics. An objective's randomness depends on
+    its index in the mixture, not on which others run with it.
     `normalization`: "per_objective" (default; the papers' L = sum_o w_o * mean loss of o) or
     "pooled" (unilm's InfoXLM code: sum_o w_o * loss sum of o, divided by the units of all
     objectives together, e.g. sentences + masked tokens). Reported per-objective metrics are
@@ -147,21 +150,27 @@ def make_train_step(objectives: Sequence[WeightedObjective],
 
     def train_step(state: TrainState, batches: Mapping[str, Batch], rng: Array):
         step_rng = jax.random.fold_in(rng, state.step)
+        unknown = sorted(set(batches) - set(names))
+        if unknown:
+            raise ValueError(f"batches for unknown objectives {unknown}; the mixture has "
+                             f"{names}")
+        indexed = [(i, o) for i, o in enumerate(objectives) if o.name in batches]
+        ran = [o for _, o in indexed]
         prepared, denoms, loss_rngs = {}, {}, {}
-        for i, o in enumerate(objectives):
+        for i, o in indexed:
             prep_rng, loss_rngs[o.name] = jax.random.split(jax.random.fold_in(step_rng, i))
             prepared[o.name] = o.objective.prepare(batches[o.name], prep_rng)
             denoms[o.name] = jnp.maximum(o.objective.denominator(prepared[o.name]), 1.0)
         if normalization == "pooled":
             pooled = sum(denoms.values())
-            scale = {name: pooled for name in names}
+            scale = {o.name: pooled for o in ran}
         else:
             scale = denoms
 
         def micro_loss(params: Any, micro: Mapping[str, Batch], index: Array):
             total = 0.0
             sums, inputs = {}, {}
-            for o in objectives:
+            for o in ran:
                 out = o.objective.loss(params, micro[o.name],
                                        jax.random.fold_in(loss_rngs[o.name], index),
                                        state.obj_state[o.name])
@@ -196,11 +205,12 @@ def make_train_step(objectives: Sequence[WeightedObjective],
         grad_norm = optim_lib.global_norm(grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        obj_state = {o.name: o.objective.after_update(params, state.obj_state[o.name],
-                                                      inputs[o.name])
-                     for o in objectives}
+        obj_state = dict(state.obj_state)
+        for o in ran:
+            obj_state[o.name] = o.objective.after_update(params, state.obj_state[o.name],
+                                                         inputs[o.name])
         metrics: dict[str, Array] = {"loss": loss, "grad_norm": grad_norm}
-        for o in objectives:
+        for o in ran:
             metrics.update(_reported(o, sums[o.name], denoms[o.name]))
         if schedule is not None:
             metrics["learning_rate"] = schedule(state.step)
