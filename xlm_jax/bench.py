@@ -143,10 +143,11 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
 
     from xlm_jax.models import attention
     from xlm_jax.train import flops as flops_lib
-    from xlm_jax.train import gin_utils, loop
+    from xlm_jax.train import gin_utils, loop, mixture
 
     extra = [f"loop.train.train_steps = {steps + 1}", "loop.train.save_checkpoints = False",
-             "loop.train.force_synthetic = True", "loop.train.log_every = 1000000",
+             "loop.train.force_synthetic = True",
+             "loop.train.log_every = 1",  # the host waits for every step: per-step times
              "loop.train.eval_every = 0",
              # run files leave these to the user; the benchmark needs neither real data nor a
              # schedule length (an unused macro binding is harmless)
@@ -173,7 +174,10 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
           f"{model_cfg.num_layers}L d={model_cfg.hidden_size} V={model_cfg.vocab_size}"
           f"{pad_note}; dtype {model_cfg.dtype}; attention {model_cfg.attention_backend}; "
           f"objectives/step: {', '.join(result.objectives)}; "
-          f"global batch {bs} x {sl} per objective")
+          f"global batch {bs} x {sl} per objective"
+          + ("" if all(s == mixture.Shape(bs, sl) for s in result.shapes.values())
+             else f" ({mixture.describe(result.shapes)}; the step time is a median over "
+                  "the phases)"))
     fallbacks = sorted(attention._LOGGED_FALLBACK_REASONS)  # noqa: SLF001 - reported, not changed
     if model_cfg.attention_backend == "cudnn" and fallbacks:
         print(f"note: cudnn attention fell back to xla ({'; '.join(fallbacks)})")

@@ -58,6 +58,13 @@ def test_veco_run_files_have_table_5(path, lr, b2, size):
     assert got[:7] == [240000, lr, b2, 12000, 0.15, 0.25, size]
     assert got[7]["cross_attention"] is True and "num_languages" not in got[7]
     assert set(got[8]) == {"veco_mono", "veco_bi", "tlm"}
+    # Table 5's two streams: 1024 x 512 monolingual, 4096 x 128 bilingual, alternating
+    shapes = _query(path, "%BATCH_SIZE", "%SEQ_LEN", "%BI_BATCH_SIZE", "%BI_SEQ_LEN",
+                    "%MAX_PREDICTIONS_BI")
+    assert shapes[:4] == [1024, 512, 4096, 128] and shapes[4] >= int(0.25 * 128) + 1
+    phases = _query(path, *(f"{n}/loop.ObjectiveSpec.{k}" for n in ("veco_mono", "veco_bi", "tlm")
+                            for k in ("every", "offset")))
+    assert phases == [2, 0, 2, 1, 2, 1]
 
 
 def test_veco_from_xlmr_trains_the_cross_attention_first():

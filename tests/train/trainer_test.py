@@ -80,6 +80,17 @@ def test_nan_loss_stops_naming_step_and_objective_keeping_last_good_checkpoint(t
     assert steps == [1, 2, 3]  # the NaN step was not logged as a normal step
 
 
+def test_nan_between_log_steps_is_found_at_the_next_fetch_before_any_save(tmp_path):
+    # the host reads metrics at steps 3 (save) and 5 (log) only: the NaN of step 4 is found at
+    # step 5, named as step 4, and nothing after the good step-3 checkpoint is saved
+    with pytest.raises(FloatingPointError) as e:
+        _train(tmp_path, 10, save_every=3, log_every=5,
+               objectives=_objectives(_NanAfterThreeSteps))
+    msg = str(e.value)
+    assert "step 4" in msg and "'mmlm'" in msg and "last good checkpoint: step 3" in msg
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3"]
+
+
 def test_batch_not_divisible_by_data_parallel_size(tmp_path):
     with pytest.raises(ValueError, match=r"global batch size 6 is not divisible by the "
                                          r"data-parallel size 4"):

@@ -24,9 +24,10 @@ gin files build one objective per stream. `max_predictions` must hold every pred
 rate can make at the row length (`floor(mask_prob * T) + 1`); otherwise `prepare` fails naming
 the values instead of dropping predictions.
 
-The paper alternates monolingual and bilingual batches; this trainer runs every objective of
-the mixture every step (a mix with equal weights, our choice), so monolingual and bilingual
-VECO objectives and TLM all contribute to each update.
+Monolingual and bilingual batches alternate, each phase at its own batch shape (Table 5's
+1024 x 512 and 4096 x 128): `gin_configs/objectives/veco.gin` schedules the monolingual
+objective on even steps and the bilingual one with TLM on odd steps (`train/mixture.py`);
+equal loss weights within a phase are our choice.
 """
 from __future__ import annotations
 

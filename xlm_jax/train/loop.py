@@ -59,7 +59,8 @@ class TrainResult:
     final_step: int
     losses: list[float]
     last_metrics: dict[str, float]
-    step_seconds: list[float]  # wall time of each step, host sync included (first = compile)
+    step_seconds: list[float]  # wall time of each step (first = compile); the host waits for
+    # the device only at log, save and eval steps, so time the others only over a window
     tokens_per_step: float  # non-pad tokens per global step, all objectives, mean over steps
     flops_per_token: float
     model: ModelConfig
@@ -273,6 +274,9 @@ def train(model_dir: str,
     `profile_steps` > 0 records a `jax.profiler` trace of that many steps from step index
     `profile_first_step` (the default 1 skips the compiling step) into `model_dir`, where
     TensorBoard's profile plugin finds it (`plugins/profile/`); only process 0 traces.
+    The host reads the device only at log, save and eval steps: the metrics of the steps in
+    between stay on the device until then (one transfer for the window), and a non-finite
+    loss is found there, before anything is logged, evaluated or saved, naming its own step.
     `after_step(step, wait_for_checkpoints)` is called after every step's metrics and save
     (e.g. a job's own bookkeeping; the tests park a run there to kill it after a save).
     """
@@ -356,6 +360,7 @@ def train(model_dir: str,
         last: dict[str, float] = {}
         window = metrics_lib.WindowMean()
         window_tokens, window_start = 0, time.perf_counter()
+        pending: list[tuple[int, Any]] = []  # (step, its metrics still on the device)
         tracing = False
         for step in range(start, train_steps):
             if step == profile_first_step and profile_steps > 0 and is_primary:
@@ -364,21 +369,30 @@ def train(model_dir: str,
             t0 = time.perf_counter()
             local = {name: next(streams[name]) for name in mixture.running(shapes, step)}
             batches = {name: _global_batch(b, device_mesh) for name, b in local.items()}
-            state, metrics = step_fn(state, batches, rng)
-            metrics = jax.device_get(metrics)
-            step_seconds.append(time.perf_counter() - t0)
+            with jax.profiler.StepTraceAnnotation("train", step_num=step):
+                state, metrics = step_fn(state, batches, rng)
+            pending.append((step + 1, metrics))
             done = step + 1
+            logging = done % log_every == 0 or done == train_steps
+            saving = save_checkpoints and (ckpt.should_save(done) or done == train_steps)
+            evaluating = bool(eval_every) and done % eval_every == 0
+            if logging or saving or evaluating:
+                # The host reads the device only here: every pending step's metrics in one
+                # transfer, checked for NaN before anything is logged, evaluated or saved.
+                for at, fetched in _fetch(pending):
+                    _check_finite(fetched, objs, at, ckpt, model_dir)
+                    losses.append(float(fetched["loss"]))
+                    window.add(fetched)
+                pending.clear()
+            step_seconds.append(time.perf_counter() - t0)
             if tracing and (done == profile_first_step + profile_steps or done == train_steps):
                 jax.profiler.stop_trace()
                 tracing = False
-            _check_finite(metrics, objs, done, ckpt, model_dir)
-            losses.append(float(metrics["loss"]))
             step_tokens.append(sum(int((v != model.pad_id).sum()) for b in local.values()
                                    for k, v in b.items() if k.endswith("input_ids")
                                    ) * jax.process_count())
             window_tokens += step_tokens[-1]
-            window.add(metrics)
-            if done % log_every == 0 or done == train_steps:
+            if logging:
                 elapsed = max(time.perf_counter() - window_start, 1e-9)
                 last = window.pop()
                 last["tokens_per_sec"] = window_tokens / elapsed
@@ -389,10 +403,10 @@ def train(model_dir: str,
                 writer.write_scalars(done, last, prefix="train")
                 progress.update(done, last)
                 window_tokens, window_start = 0, time.perf_counter()
-            if eval_every and done % eval_every == 0:
+            if evaluating:
                 _evaluate(objectives, objs, eval_fn, state, device_mesh, shapes,
                           seed, model, eval_batches, writer, done)
-            if save_checkpoints and (ckpt.should_save(done) or done == train_steps):
+            if saving:
                 ckpt.save(done, flax.serialization.to_state_dict(state),
                           extra={"step": done, "data_position": done,
                                  "data_resume": data_resume,
@@ -412,6 +426,11 @@ def train(model_dir: str,
                        flops_per_token=flops_per_token,
                        model=model, batch_size=batch_size, seq_len=seq_len,
                        objectives=tuple(objectives), shapes=shapes)
+
+
+def _fetch(pending: Sequence[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """The one place the loop reads the device: `(step, metrics)` pairs to host values."""
+    return jax.device_get(list(pending))
 
 
 def _check_finite(metrics: Mapping[str, Any], objs: Sequence[step_lib.WeightedObjective],
