@@ -22,12 +22,8 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(PY) -m xlm_jax.demo --model_dir=demo_output
 
-# Two workers (pytest-xdist), each test file on one worker so its module fixtures are built
-# once: compilation is single-threaded, so two workers use the two CI cores (docs/NOTES.md).
-TEST_WORKERS ?= 2
-
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q
 
 clean:
 	rm -rf $(VENV) demo_output

@@ -371,8 +371,8 @@ def train(model_dir: str,
             batches = {name: _global_batch(b, device_mesh) for name, b in local.items()}
             with jax.profiler.StepTraceAnnotation("train", step_num=step):
                 state, metrics = step_fn(state, batches, rng)
-            pending.append((step + 1, metrics))
             done = step + 1
+            pending.append((done, metrics))
             logging = done % log_every == 0 or done == train_steps
             saving = save_checkpoints and (ckpt.should_save(done) or done == train_steps)
             evaluating = bool(eval_every) and done % eval_every == 0
