@@ -28,6 +28,7 @@ EXTRAS = {
     ],
     "test": [
         "pytest>=7.4",
+        "pytest-xdist>=3.5",  # `make test` runs the suite on two workers
         "torch>=2.1",
         "transformers>=4.40",
         "pyyaml>=6.0",
