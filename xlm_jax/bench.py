@@ -175,7 +175,7 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
           f"{pad_note}; dtype {model_cfg.dtype}; attention {model_cfg.attention_backend}; "
           f"objectives/step: {', '.join(result.objectives)}; "
           f"global batch {bs} x {sl} per objective"
-          + ("" if all(s == mixture.Shape(bs, sl) for s in result.shapes.values())
+          + ("" if mixture.is_default(result.shapes, bs, sl)
              else f" ({mixture.describe(result.shapes)}; the step time is a median over "
                   "the phases)"))
     fallbacks = sorted(attention._LOGGED_FALLBACK_REASONS)  # noqa: SLF001 - reported, not changed

@@ -118,6 +118,7 @@ def test_flops_per_token_weighs_each_objective_by_its_rows_length_and_period():
     ({"every": 0}, "objective 'tlm': every=0 must be a positive integer"),
     ({"offset": 2}, "objective 'tlm': offset=2 must be in [0, every=2)"),
     ({"batch_size": -4}, "objective 'tlm': batch_size=-4 must be a positive integer"),
+    ({"seq_len": 0}, "objective 'tlm': seq_len=0 must be a positive integer"),
     ({"offset": 0}, "no objective runs at steps 1 (mod 2) of the mixture"),
 ])
 def test_bad_schedules_fail_before_compiling(tmp_path, change, message):

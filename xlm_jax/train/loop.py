@@ -340,7 +340,7 @@ def train(model_dir: str,
                        model.vocab_size,
                        num_languages=data_lib.synthetic_language_count(model.num_languages))
                    for i, name in enumerate(objectives)}
-        if any(s != mixture.Shape(batch_size, seq_len) for s in shapes.values()):
+        if not mixture.is_default(shapes, batch_size, seq_len):
             print(f"mixture: {mixture.describe(shapes)}", file=out, flush=True)
         step_fn = jax.jit(
             step_lib.make_train_step(objs, tx, schedule, accum_steps, loss_normalization),

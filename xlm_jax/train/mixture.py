@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,16 +44,16 @@ class Shape:
         return max(0, -(-(step - self.offset) // self.every))
 
 
-def resolve(specs: Mapping[str, object], batch_size: int, seq_len: int) -> dict[str, Shape]:
-    """`{name: Shape}` from the specs' optional `batch_size`, `seq_len`, `every`, `offset`
+def resolve(specs: Mapping[str, Any], batch_size: int, seq_len: int) -> dict[str, Shape]:
+    """`{name: Shape}` from the `loop.ObjectiveSpec`s' `batch_size`, `seq_len`, `every`, `offset`
     (None: the run's `batch_size` / `seq_len`). Raises ValueError, naming the objective and
     the setting, for a non-positive size or period, an offset outside [0, every), or a step
     at which no objective runs (every residue of the common period is checked)."""
     shapes: dict[str, Shape] = {}
     for name, spec in specs.items():
-        rows = getattr(spec, "batch_size", None) or batch_size
-        length = getattr(spec, "seq_len", None) or seq_len
-        every, offset = getattr(spec, "every", 1), getattr(spec, "offset", 0)
+        rows = batch_size if spec.batch_size is None else spec.batch_size
+        length = seq_len if spec.seq_len is None else spec.seq_len
+        every, offset = spec.every, spec.offset
         for key, value in (("batch_size", rows), ("seq_len", length), ("every", every)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"objective '{name}': {key}={value!r} must be a positive "
@@ -89,3 +90,8 @@ def describe(shapes: Mapping[str, Shape]) -> str:
         parts.append(f"{name} {s.batch_size}x{s.seq_len} {when}")
     return "; ".join(parts)
 
+
+
+def is_default(shapes: Mapping[str, Shape], batch_size: int, seq_len: int) -> bool:
+    """True when every objective runs every step at the run's batch shape."""
+    return all(s == Shape(batch_size, seq_len) for s in shapes.values())
