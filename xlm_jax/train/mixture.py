@@ -2,7 +2,7 @@
 
 By default every objective of the mixture draws one batch of `loop.train.batch_size` rows of
 `loop.train.seq_len` tokens at every step, and the step's gradient is the weighted sum of
-their losses. Two papers train otherwise:
+their losses. Some recipes train otherwise:
 
 - VECO alternates monolingual and bilingual batches (one phase per update) and gives the two
   streams different shapes (its Table 5: 1024 x 512 monolingual, 4096 x 128 bilingual).
