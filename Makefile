@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 # The CPU build of PyTorch, installed before `transformers` so that pip does not pull the CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test install clean
+.PHONY: demo test test-slow install clean
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ TEST_WORKERS ?= 2
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# Only the tests marked slow (base-size shapes, training from an installed wheel), which
+# `make test` skips.
+test-slow: $(VENV)/.installed
+	XLM_JAX_SLOW_TESTS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m slow
 
 clean:
 	rm -rf $(VENV) demo_output

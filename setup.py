@@ -2,12 +2,34 @@
 
 The core (models, objectives, train, bench) needs only JAX and friends; TensorFlow and
 seqio are the `data` extra, because machines with accelerators often have no TensorFlow.
+
+A wheel (`pip install .`, not only `-e`) carries what a run reads besides the code:
+`gin_configs/` installs as `xlm_jax/gin_configs/` (`xlm_jax.train.gin_utils` searches it), and
+`tasks/` (the seqio registrations the gin files import, `task_modules = ['tasks.demo']`)
+installs as the top-level package `tasks` with its demo corpus `tasks/demo_data/`.
 """
+import os
+
 from setuptools import find_packages, setup
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Minimum versions, from what the code calls (checked against the release wheels):
+# - jax 0.7.1 is the first release with `jax.set_mesh` (xlm_jax/train/partitioning.py sets
+#   the mesh with it so that activation sharding constraints take effect); on 0.7.0 and older
+#   the trainer fails with AttributeError. The tests also use `jax.enable_x64(...)` as a context
+#   manager, first in jax 0.8.0 (the `test` extra asks for it).
+# - Python 3.11: jax >= 0.7.0 ships for Python >= 3.11 only (Requires-Python of its wheels),
+#   so on 3.10 pip refuses here, naming the Python, instead of resolving to an older jax.
+# - flax 0.11.2 is the first whose `nn.with_logical_constraint` finds a mesh set by
+#   `jax.set_mesh` (flax.core.meta.get_global_mesh); older flax reads only the legacy
+#   `with mesh:` context, and every activation constraint is then silently dropped.
+PYTHON_REQUIRES = ">=3.11"
+JAX = "jax>=0.7.1"
+
 CORE = [
-    "jax>=0.4.35",
-    "flax>=0.10.0",
+    JAX,
+    "flax>=0.11.2",
     "optax>=0.2.3",
     "orbax-checkpoint>=0.10.0",
     "gin-config>=0.5.0",
@@ -27,21 +49,59 @@ EXTRAS = {
         "tensorflow-text>=2.15",
     ],
     "test": [
+        "jax>=0.8.0",  # tests/models use `with jax.enable_x64(True):`
         "pytest>=7.4",
         "pytest-xdist>=3.5",  # `make test` runs the suite on two workers
         "torch>=2.1",
         "transformers>=4.40",
         "pyyaml>=6.0",
     ],
-    "gpu": ["jax[cuda12]>=0.4.35"],
+    "gpu": ["jax[cuda12]>=0.7.1"],
 }
+
+# Files beside the code that are never shipped: corpus-size caches written at first use
+# (xlm_jax.data.registry) and their temporary files.
+_NOT_SHIPPED = ("xlm_jax_stats.json",)
+
+
+def _data_files_under(root: str) -> list[str]:
+    """Every file under `root` (relative to it), for package_data: listed explicitly rather
+    than globbed with `**`, which older setuptools silently do not expand."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(os.path.join(HERE, root)):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
+        for name in sorted(filenames):
+            if name.startswith(".") or name in _NOT_SHIPPED or name.endswith((".py", ".pyc")):
+                continue
+            out.append(os.path.relpath(os.path.join(dirpath, name), os.path.join(HERE, root))
+                       .replace(os.sep, "/"))
+    return out
+
+
+def _gin_config_packages() -> dict[str, str]:
+    """`xlm_jax.gin_configs[.sub]` -> `gin_configs[/sub]`: setuptools installs package data
+    per package, so every directory of gin files is a (data-only) package of its own."""
+    out = {}
+    for dirpath, dirnames, _ in os.walk(os.path.join(HERE, "gin_configs")):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
+        rel = os.path.relpath(dirpath, HERE)
+        out[".".join(["xlm_jax"] + rel.split(os.sep))] = rel.replace(os.sep, "/")
+    return out
+
+
+GIN_PACKAGES = _gin_config_packages()
 
 setup(
     name="xlm_jax",
     version="0.1.0",
     description="Cross-lingual Transformer encoder pre-training (XLM-R, XLM-E, InfoXLM, ERNIE-M, VECO) in JAX/Flax",
-    packages=find_packages(include=["xlm_jax", "xlm_jax.*"]),
-    python_requires=">=3.10",
+    packages=(find_packages(include=["xlm_jax", "xlm_jax.*", "tasks"]) + sorted(GIN_PACKAGES)),
+    package_dir=GIN_PACKAGES,
+    package_data={
+        "tasks": ["demo_data/" + f for f in _data_files_under("tasks/demo_data")],
+        **{pkg: ["*.gin"] for pkg in GIN_PACKAGES},
+    },
+    python_requires=PYTHON_REQUIRES,
     install_requires=CORE,
     extras_require=EXTRAS,
     license="Apache-2.0",

@@ -10,7 +10,8 @@ Beside them, `tasks.build_demo_corpus` is the script that rebuilds `tasks/demo_d
 Django and Wagtail wheels (`python -m tasks.build_demo_corpus --wheels wheels/ --out
 tasks/demo_data`; see `tasks/demo_data/README.md`); it registers nothing.
 
-A plain package at the repository root (not installed): the command-line tools import it by
-name (`--module tasks.demo`) when run from the repository root. Registration functions are
+A package at the repository root, installed with xlm_jax (also by a non-editable `pip install
+.`, with its demo corpus): the command-line tools import it by name (`--module tasks.demo`,
+`task_modules = ['tasks.demo']`) from any working directory. Registration functions are
 plain python so that gin files can call them with `from __gin__ import dynamic_registration`.
 """

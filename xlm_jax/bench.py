@@ -4,7 +4,8 @@
       [--seq_len 128] [--no_torch] [--profile_dir DIR]
     Trains the configured model on TF-free synthetic batches (every objective's stream is
     replaced by synthetic data of its kind) and prints step time, tokens/s and MFU; in the same
-    run, `transformers`' XLMRobertaForMaskedLM (PyTorch, fp32, AdamW) at the same shapes.
+    run, `transformers`' XLMRobertaForMaskedLM (PyTorch, fp32, AdamW) at the same shapes
+    (skipped with a note when torch or transformers is not installed).
   python -m xlm_jax.bench --pipeline TASK [--batch_size 32 --sequence_length 128 --batches 50]
     The seqio pipeline's examples/s and tokens/s (needs the data extra, i.e. TensorFlow).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import statistics
 import sys
 import tempfile
@@ -188,7 +190,12 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
           f"  (median of {len(result.step_seconds) - 1} steps, compile excluded)")
     if profile_dir:
         print(summarize_profile(profile_dir, steps))
-    if with_torch:
+    missing = [m for m in ("torch", "transformers")
+               if with_torch and importlib.util.find_spec(m) is None]
+    if missing:  # accelerator hosts often have jax only: a note, not a crash
+        print(f"torch/HF : skipped ({' and '.join(missing)} not installed; --no_torch "
+              "silences this)")
+    elif with_torch:
         # Same total tokens per step as our objectives' batches together.
         n_obj = len(result.objectives)
         tr = torch_step_seconds(model_cfg, bs * n_obj, sl, steps,
@@ -211,7 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--batch_size", type=int, default=None)
     p.add_argument("--seq_len", type=int, default=None)
-    p.add_argument("--no_torch", action="store_true", help="skip the transformers comparison")
+    p.add_argument("--no_torch", action="store_true",
+                   help="skip the transformers comparison (skipped anyway, with a note, when "
+                        "torch or transformers is not installed)")
     p.add_argument("--profile_dir", default=None,
                    help="trace the timed steps with jax.profiler into this directory (view with "
                         "TensorBoard's profile plugin) and print device time by op")

@@ -9,11 +9,22 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import gin
 
+# The directory that holds `xlm_jax` and `tasks`: the repository in a checkout or an editable
+# install, site-packages (or a --target directory) after `pip install .`.
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_SEARCH_PATHS = (os.getcwd(), os.path.join(PACKAGE_ROOT, "gin_configs"), PACKAGE_ROOT)
+# gin_configs/ of a checkout, and where a wheel installs it (setup.py: `xlm_jax/gin_configs`).
+GIN_CONFIG_DIRS = (os.path.join(PACKAGE_ROOT, "gin_configs"),
+                   os.path.join(PACKAGE_ROOT, "xlm_jax", "gin_configs"))
+
+
+def default_search_paths() -> list[str]:
+    """Where gin files are looked for after `--gin_search_paths`: the working directory (at
+    call time), the shipped gin_configs (checkout or installed) and the package root."""
+    return [os.getcwd(), *(d for d in GIN_CONFIG_DIRS if os.path.isdir(d)), PACKAGE_ROOT]
 
 
 def rewrite_gin_args(argv: Sequence[str]) -> list[str]:
@@ -41,7 +52,7 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str],
           search_paths: Sequence[str] = (), check_required: bool = True) -> list[str]:
     """Parses files and bindings; unknown configurables/parameters raise here, before any
     model is built or compiled. Returns the resolved file paths."""
-    paths = list(search_paths) + list(DEFAULT_SEARCH_PATHS)
+    paths = list(search_paths) + default_search_paths()
     files = [find_gin_file(f, paths) for f in gin_files]
     for p in paths:
         if os.path.isdir(p):
@@ -49,11 +60,48 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str],
     _make_file_checks_safe()
     with _quiet_include_lookup():
         gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
+    resolve_shipped_paths()
     missing = missing_required_macros() if check_required else []
     if missing:
         raise ValueError(f"required gin macro(s) not set: {', '.join(missing)} (set them with "
                          f"--gin.{missing[0]}=VALUE; files: {', '.join(files)})")
     return files
+
+
+def resolve_shipped_paths(root: str = PACKAGE_ROOT) -> dict[str, Any]:
+    """Rebinds every bound string that is a relative path (it has a '/') missing from the
+    working directory but present under `root` to its absolute path under `root`; returns
+    {binding: new value}.
+
+    Why: the gin files name the shipped data relative to the package root, as
+    `spm_model = 'tasks/demo_data/spm.model'` (what a run from the repository root reads).
+    After `pip install .`, or from another directory, the same file lies under `root`, so
+    a run works from any directory; a path that exists from the working directory wins."""
+
+    def resolve(value: Any) -> Any:
+        if isinstance(value, str):
+            if ("/" in value and not os.path.isabs(value) and "://" not in value
+                    and not os.path.exists(value) and os.path.exists(os.path.join(root, value))):
+                return os.path.join(root, value)
+            return value
+        if isinstance(value, (list, tuple)):
+            items = [resolve(v) for v in value]
+            changed = any(a is not b for a, b in zip(items, value))
+            return type(value)(items) if changed else value
+        if isinstance(value, dict):
+            items = {k: resolve(v) for k, v in value.items()}
+            return items if any(items[k] is not value[k] for k in value) else value
+        return value
+
+    rebound = {}
+    for (scope, selector), params in list(gin.config._CONFIG.items()):  # no public listing
+        for name, value in list(params.items()):
+            new = resolve(value)
+            if new is not value:
+                key = f"{scope + '/' if scope else ''}{selector}.{name}"
+                params[name] = new  # what gin.bind_parameter does, without re-parsing the key
+                rebound[key] = new
+    return rebound
 
 
 def missing_required_macros() -> list[str]:

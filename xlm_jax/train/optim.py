@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, NamedTuple
 
@@ -93,8 +94,12 @@ class OptimizerConfig:
         if not isinstance(self.total_steps, int) or self.total_steps < 1:
             raise bad("total_steps", "must be an integer >= 1")
         if self.schedule != "constant" and self.warmup_steps > self.total_steps:
-            raise bad("warmup_steps",
-                      f"must be <= total_steps={self.total_steps} for a decaying schedule")
+            # A warning, not an error: a smoke run (`--gin.TRAIN_STEPS=2` of a run file) is
+            # expected to work; the schedule ramps up and ends before the peak.
+            warnings.warn(
+                f"OptimizerConfig.warmup_steps={self.warmup_steps} > total_steps="
+                f"{self.total_steps}: the run ends during warmup, below the peak learning "
+                f"rate {self.learning_rate:g}", UserWarning, stacklevel=3)
         if not 0.0 <= self.end_lr_factor <= 1.0:
             raise bad("end_lr_factor", "must be in [0, 1]")
         if not 0.0 <= self.b1 < 1.0:
@@ -140,7 +145,9 @@ def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:
     """
     peak = float(cfg.learning_rate)
     end = peak * cfg.end_lr_factor
-    decay_steps = cfg.total_steps - cfg.warmup_steps
+    # warmup_steps > total_steps (a short smoke run, warned about by OptimizerConfig):
+    # no decay phase, the warmup ramp is cut by the end of the run.
+    decay_steps = max(cfg.total_steps - cfg.warmup_steps, 0)
     if cfg.schedule == "constant" or decay_steps == 0:
         after: optax.Schedule = optax.constant_schedule(
             peak if cfg.schedule == "constant" else end)
