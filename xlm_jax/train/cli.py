@@ -1,12 +1,12 @@
 """`python -m xlm_jax.train --gin_file=F.gin [--gin.NAME=VALUE ...] --model_dir=DIR`.
 
-flags -> jax.distributed -> gin -> `loop.train()`. Multi-process: pass --coordinator_address,
---num_processes and --process_id (CPU processes use gloo collectives); on TPU VMs and under
-SLURM `jax.distributed.initialize()` detects the cluster by itself.
+flags -> jax.distributed -> gin -> `loop.train()`. Multi-process: under SLURM, Open MPI, on
+multi-host TPU VMs and GKE the cluster is detected (jax's own detection; see
+xlm_jax/train/distributed.py); other launchers pass --coordinator_address, --num_processes
+and --process_id. CPU processes use gloo collectives.
 """
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 
@@ -21,26 +21,49 @@ flags.DEFINE_string("model_dir", None, "where checkpoints, metrics and configs g
 flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (multi-process only)")
 flags.DEFINE_integer("num_processes", None, "number of processes (multi-process only)")
 flags.DEFINE_integer("process_id", None, "this process's index (multi-process only)")
+flags.DEFINE_float("initialization_timeout", 300, "seconds a process waits to reach the "
+                   "jax.distributed coordinator, and then for all processes to join (multi-process "
+                   "only)")
 
 
 def init_distributed(coordinator: str | None, num_processes: int | None,
                      process_id: int | None) -> None:
-    """Explicit coordinator flags, or auto-detection on TPU VMs / SLURM, or single-process."""
-    import jax
+    """Explicit coordinator flags, else jax's cluster detection (SLURM, Open MPI, TPU VM, GKE)
+    when the environment says more than one process, else single-process; see
+    xlm_jax/train/distributed.py. The wait is --initialization_timeout."""
+    from xlm_jax.train import distributed
 
-    if coordinator:
-        if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                                   process_id=process_id)
-    elif int(os.environ.get("SLURM_NTASKS", "1")) > 1 or os.environ.get("TPU_WORKER_HOSTNAMES"):
-        jax.distributed.initialize()
+    distributed.initialize(coordinator, num_processes, process_id,
+                           timeout_s=FLAGS["initialization_timeout"].value)
+
+
+def _help_asked(args: Sequence[str]) -> str | None:
+    """'--help' or '--helpfull' when one of them is among the arguments, else None."""
+    for arg in args:
+        if arg in ("--help", "-h", "-help", "--helpshort"):
+            return "--help"
+        if arg == "--helpfull":
+            return "--helpfull"
+    return None
+
+
+def _print_help(full: bool) -> None:
+    """Usage (this module's docstring), then the trainer's flags (every flag with `full`)."""
+    print(__doc__.strip() + "\n")
+    print("--gin.NAME=VALUE is short for --gin_bindings='NAME = VALUE'.\n")
+    print(FLAGS.get_help() if full else FLAGS.module_help(__name__))
+    if not full:
+        print("\nTry --helpfull to get a list of all flags.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from xlm_jax.train import gin_utils
 
     argv = gin_utils.rewrite_gin_args(list(sys.argv if argv is None else argv))
+    asked = _help_asked(argv[1:])
+    if asked:
+        _print_help(full=asked == "--helpfull")
+        return 0
     try:
         FLAGS(argv)
     except flags.Error as e:
