@@ -139,7 +139,7 @@ def test_data_resume_reseed_is_a_deterministic_new_draw(tmp_path):
 
 
 def test_unknown_data_resume_mode_fails_before_anything_is_written(tmp_path):
-    with pytest.raises(ValueError, match=r"data_resume='resume' is not one of \('replay', "
+    with pytest.raises(ValueError, match=r"data_resume='resume' is not one of \('checkpoint', 'replay', "
                                          r"'reseed'\)"):
         _train(tmp_path / "run", 2, data_resume="resume")
     assert not os.path.exists(tmp_path / "run")

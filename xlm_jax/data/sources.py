@@ -13,7 +13,8 @@ Layouts read here (every file may be plain, `.xz` or `.gz` compressed):
                locally; mC4 itself was not tried (no network).
 
 Files are read with python generators (so that bad UTF-8 can be skipped and counted) and fed
-to tf.data with `tf.data.Dataset.from_generator`. A line that is not valid UTF-8 is skipped
+to tf.data block by block (`block_reader.BlockReader`), so that the input position can be
+checkpointed. A line that is not valid UTF-8 is skipped
 and counted (a pair is skipped when either side is bad); pairs with an empty side and TSV
 lines without exactly one tab are skipped and counted too. `count_*` return those counts;
 the registry logs them and stores them in the stats JSON.
@@ -29,6 +30,8 @@ import gzip
 import lzma
 import os
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+
+from xlm_jax.data import block_reader
 
 if TYPE_CHECKING:  # pragma: no cover
     import seqio
@@ -343,12 +346,16 @@ def _base_source_class():
         """A seqio DataSource over a python generator of dict examples (split "train").
 
         `make_examples()` yields examples as dicts of python values matching
-        `output_signature`. To keep the per-element cost of `from_generator` low, examples
-        travel in blocks of `block` (each feature stacked, string vectors flattened with
-        their row lengths) and are unbatched in TF; the order is unchanged.
+        `output_signature`. They reach tf.data in blocks of `block`
+        (`block_reader.BlockReader`: each feature stacked, string vectors flattened with
+        their row lengths), read by block number through
+        `Dataset.counter().map(numpy_function)` and unbatched in TF; the order is unchanged. Unlike `from_generator`, the position of such a source is
+        the counter, which tf.data can checkpoint: a restored input pipeline continues
+        exactly where it was saved (`xlm_jax.data.pipeline.BatchIterator.save`).
 
         Sharding happens at the source: shard i of n keeps the examples whose index is
-        i mod n (every host still reads the whole file but converts only its share). The
+        i mod n (every host still reads the whole file but converts only its share); a
+        corpus with fewer than n examples gives shard i its example i mod size. The
         source itself does not shuffle; the Task shuffles the preprocessed examples.
         """
 
@@ -383,32 +390,20 @@ def _base_source_class():
             if split != "train":
                 raise ValueError(f"{self._name}: unknown split {split!r}; only 'train' exists")
             index, num = (shard_info.index, shard_info.num_shards) if shard_info else (0, 1)
-            make, sig, block = self._make_examples, self._signature, self._block
-            vector_keys = [k for k, spec in sig.items() if spec.shape.rank == 1]
+            sig, vector_keys = self._signature, self._vector_keys()
+            reader = block_reader.BlockReader(self._make_examples, sig, vector_keys, index,
+                                              num, self._block)
+            outputs = [(k, spec.dtype) for k, spec in sig.items()]
+            outputs += [(k + "/len", tf.int64) for k in vector_keys]
 
-            def flush(buf):
-                out = {}
-                for k in sig:
-                    if k in vector_keys:
-                        out[k] = [x for ex in buf for x in ex[k]]
-                        out[k + "/len"] = [len(ex[k]) for ex in buf]
-                    else:
-                        out[k] = [ex[k] for ex in buf]
-                return out
-
-            def gen():
-                buf = []
-                for i, ex in enumerate(make()):
-                    if i % num == index:
-                        buf.append(ex)
-                        if len(buf) == block:
-                            yield flush(buf)
-                            buf = []
-                if buf:
-                    yield flush(buf)
-
-            block_sig = {k: tf.TensorSpec([None], spec.dtype) for k, spec in sig.items()}
-            block_sig.update({k + "/len": tf.TensorSpec([None], tf.int64) for k in vector_keys})
+            def read(i):
+                values = tf.numpy_function(reader.read, [i], [d for _, d in outputs],
+                                           stateful=True)
+                block = {}
+                for (k, _), v in zip(outputs, values):
+                    v.set_shape([None])
+                    block[k] = v
+                return block
 
             def unflatten(b):
                 out = {k: b[k] for k in sig if k not in vector_keys}
@@ -419,8 +414,13 @@ def _base_source_class():
                                                               validate=False)
                 return out
 
-            ds = tf.data.Dataset.from_generator(gen, output_signature=block_sig)
+            first = outputs[0][0] + ("/len" if outputs[0][0] in vector_keys else "")
+            ds = tf.data.Dataset.counter().map(read)
+            ds = ds.take_while(lambda b: tf.size(b[first]) > 0)
             return ds.map(unflatten).unbatch()
+
+        def _vector_keys(self) -> list[str]:
+            return [k for k, spec in self._signature.items() if spec.shape.rank == 1]
 
     return _GeneratorSource
 

@@ -1,10 +1,10 @@
 """Per-objective data streams for the trainer: seqio tasks or TF-free synthetic batches.
 
-A stream yields this process's rows of each global batch as numpy int32 arrays. Its position is
-the step number: a restored run rebuilds the stream with `start_step=step` and gets exactly the
-batches the uninterrupted run would have seen (the step is saved with every checkpoint). That
-"replay" costs the input-pipeline time of `step` batches; `resume_plan(..., "reseed")` trades
-exactness for an O(1) restart (see there).
+A stream yields this process's rows of each global batch as numpy int32 arrays. A seqio
+stream saves its position with each checkpoint (`train.data_state`, the default
+`data_resume="checkpoint"`); a stream without a saved position is rebuilt with
+`start_step=step` and replays the batches before it, exactly but at the input pipeline's
+speed; `resume_plan(..., "reseed")` trades exactness for an O(1) restart (see there).
 
 - `synthetic:KIND` (KIND = mono|pair|veco|mixup): the global batch is a function of
   (seed, step) only and each process takes its rows, so any process/device layout sees the same
@@ -22,17 +22,18 @@ import jax
 import numpy as np
 
 SYNTHETIC = "synthetic:"
-DATA_RESUME_MODES = ("replay", "reseed")
+DATA_RESUME_MODES = ("checkpoint", "replay", "reseed")
 
 
 def resume_plan(seed: int, start_step: int, mode: str) -> tuple[int, int]:
-    """`(seed, start_step)` to build a stream with when a run resumes at step `start_step`.
+    """`(seed, start_step)` to build a stream with when a run resumes at step `start_step`
+    and the checkpoint has no saved position for it (`train.data_state`).
 
-    - "replay" (the default): the run's own seed, skipping `start_step` batches, so the
-      resumed run sees exactly the batches of the uninterrupted one. seqio pipelines cannot
-      jump (their `from_generator` sources cannot be checkpointed), so this costs the input
-      pipeline's time for `start_step` batches: minutes per 10k steps, hours for a pod run
-      preempted late.
+    - "checkpoint" (the default) and "replay": the run's own seed, skipping `start_step`
+      batches, so the resumed run sees exactly the batches of the uninterrupted one. This
+      costs the input pipeline's time for `start_step` batches: minutes per 10k steps, hours
+      for a pod run preempted late, which is why "checkpoint" saves positions with every
+      checkpoint and replays only streams that have none ("replay" saves none).
     - "reseed": a new seed derived from `(seed, start_step)` and no skipping: the restart is
       immediate and still deterministic (the same checkpoint resumes to the same batches).
       What the new seed changes is the mixture sampling and each task's shuffle buffer; the
@@ -45,7 +46,7 @@ def resume_plan(seed: int, start_step: int, mode: str) -> tuple[int, int]:
     """
     if mode not in DATA_RESUME_MODES:
         raise ValueError(f"data_resume={mode!r} is not one of {DATA_RESUME_MODES}")
-    if mode == "replay" or start_step == 0:
+    if mode != "reseed" or start_step == 0:
         return seed, start_step
     derived = np.random.SeedSequence([seed % 2**32, start_step]).generate_state(1)[0]
     return int(derived & 0x7FFFFFFF), 0

@@ -27,6 +27,7 @@ from xlm_jax.objectives.base import Objective
 from xlm_jax.train import checkpoints as ckpt_lib
 from xlm_jax.train import declarations
 from xlm_jax.train import data as data_lib
+from xlm_jax.train import data_state
 from xlm_jax.train import flops as flops_lib
 from xlm_jax.train import metrics as metrics_lib
 from xlm_jax.train import mixture
@@ -193,10 +194,6 @@ def _restored_state(ckpt: ckpt_lib.Checkpointer, step: int, abstract: Any, shard
 def _announce_resume(model_dir: str, start: int, seqio_tasks: Sequence[str], data_resume: str,
                      out: Any, saved_processes: int) -> None:
     print(f"resumed from {model_dir} step {start}", file=out, flush=True)
-    if seqio_tasks and data_resume == "replay" and start:
-        print(f"replaying {start} batches of each input stream for the exact data order "
-              "(loop.train.data_resume = 'reseed' restarts the data at once instead)",
-              file=out, flush=True)
     if saved_processes != jax.process_count() and seqio_tasks:
         print(f"note: saved with {saved_processes} processes, resumed with "
               f"{jax.process_count()}: each process now reads another shard of the "
@@ -253,7 +250,7 @@ def train(model_dir: str,
           eval_every: int = 0,
           eval_batches: int = 4,
           seed: int = 0,
-          data_resume: str = "replay",
+          data_resume: str = "checkpoint",
           task_modules: Sequence[str] = (),
           init_from: str | None = None,
           spm_model: str | None = None,
@@ -266,9 +263,11 @@ def train(model_dir: str,
           out=sys.stdout) -> TrainResult:
     """Trains the objective mixture; resumes from the latest checkpoint in `model_dir`.
 
-    `data_resume` says how the input streams continue after a restart: "replay" (exact, costs
-    the pipeline time of the skipped batches) or "reseed" (immediate, reseeded sampling but
-    the file sources start over); see `xlm_jax.train.data.resume_plan`.
+    `data_resume` says how the input streams continue after a restart: "checkpoint" (saves
+    each seqio stream's position with every checkpoint and restores it, exact and in a time
+    independent of the step; `xlm_jax.train.data_state`), "replay" (exact, costs the
+    pipeline time of the skipped batches) or "reseed" (immediate, reseeded sampling but the
+    file sources start over); see `xlm_jax.train.data.resume_plan`.
     `loss_normalization`: "per_objective" (each objective's loss is a mean over its own units)
     or "pooled" (unilm InfoXLM: loss sums over all units); see `step.make_train_step`.
     `profile_steps` > 0 records a `jax.profiler` trace of that many steps from step index
@@ -324,6 +323,7 @@ def train(model_dir: str,
             if save_initial and save_checkpoints:  # step 0 = the untrained model, for baselines
                 ckpt.save(0, flax.serialization.to_state_dict(state),
                           extra={"step": 0, "data_position": 0}, force=True)
+            extra = {}
         else:
             state, extra = _restored_state(ckpt, latest, abstract, shardings)
             start = int(extra["step"])
@@ -332,14 +332,9 @@ def train(model_dir: str,
 
         tasks = {name: (f"{data_lib.SYNTHETIC}{o.objective.kind}" if force_synthetic else spec.task)
                  for o, (name, spec) in zip(objs, objectives.items())}
-        # each stream at its own position: the number of steps before `start` it ran at
-        streams = {name: data_lib.make_stream(
-                       tasks[name], shapes[name].batch_size, shapes[name].seq_len,
-                       *data_lib.resume_plan(seed + 1000 * i, shapes[name].runs_before(start),
-                                             data_resume),
-                       model.vocab_size,
-                       num_languages=data_lib.synthetic_language_count(model.num_languages))
-                   for i, name in enumerate(objectives)}
+        streams, built = _make_streams(tasks, shapes, seed, start, data_resume, model,
+                                       extra if start else {}, model_dir, out)
+        unsaveable: set[str] = set()
         if not mixture.is_default(shapes, batch_size, seq_len):
             print(f"mixture: {mixture.describe(shapes)}", file=out, flush=True)
         step_fn = jax.jit(
@@ -407,12 +402,17 @@ def train(model_dir: str,
                 _evaluate(objectives, objs, eval_fn, state, device_mesh, shapes,
                           seed, model, eval_batches, writer, done)
             if saving:
+                positions = {} if data_resume != "checkpoint" else data_state.save(
+                    streams, built, model_dir, done, jax.process_index(),
+                    jax.process_count(), unsaveable, out)
                 ckpt.save(done, flax.serialization.to_state_dict(state),
                           extra={"step": done, "data_position": done,
-                                 "data_resume": data_resume,
+                                 "data_resume": data_resume, "data_state": positions,
                                  "process_count": jax.process_count(),
                                  "tasks": {n: s.task for n, s in objectives.items()}},
                           force=done == train_steps)
+                if is_primary and positions:
+                    data_state.prune(model_dir, {*ckpt.all_steps(), done})
             if done == 1 and is_primary:
                 md.write_operative_config(model_dir, gin.operative_config_str())
             if after_step is not None:
@@ -426,6 +426,48 @@ def train(model_dir: str,
                        flops_per_token=flops_per_token,
                        model=model, batch_size=batch_size, seq_len=seq_len,
                        objectives=tuple(objectives), shapes=shapes)
+
+
+def _make_streams(tasks: Mapping[str, str], shapes: Mapping[str, mixture.Shape], seed: int,
+                  start: int, data_resume: str, model: ModelConfig, extra: Mapping[str, Any],
+                  model_dir: str, out: Any
+                  ) -> tuple[dict[str, Any], dict[str, data_state.SavedStream]]:
+    """Each objective's input stream at its position after step `start`, and how each was
+    built (recorded with the positions a save writes; see `train.data_state`).
+
+    A stream whose position the checkpoint saved is rebuilt with its saved seed and put
+    back there; any other continues by `data.resume_plan` from the number of steps before
+    `start` that its objective ran at (`mixture.Shape.runs_before`)."""
+    streams, built, replayed = {}, {}, []
+    for i, (name, task) in enumerate(tasks.items()):
+        shape = shapes[name]
+        here = data_state.SavedStream(seed + 1000 * i, task, shape.batch_size, shape.seq_len)
+        path = data_state.saved_stream(
+            extra, name, here, model_dir, start, jax.process_index(), jax.process_count()
+        ) if start and data_resume == "checkpoint" else None
+        if path is not None:
+            stream_seed, position = extra["data_state"][name]["seed"], 0
+        else:
+            stream_seed, position = data_lib.resume_plan(here.seed, shape.runs_before(start),
+                                                         data_resume)
+            if position and not task.startswith(data_lib.SYNTHETIC):
+                replayed.append(name)
+        streams[name] = data_lib.make_stream(
+            task, shape.batch_size, shape.seq_len, stream_seed, position, model.vocab_size,
+            num_languages=data_lib.synthetic_language_count(model.num_languages))
+        if path is not None:
+            streams[name].restore(path)
+        built[name] = dataclasses.replace(here, seed=stream_seed)
+    if start:
+        restored = [n for n in tasks if n not in replayed and not tasks[n].startswith(
+            data_lib.SYNTHETIC)]
+        if restored:
+            print(f"restored the input position of {', '.join(restored)}", file=out, flush=True)
+        if replayed:
+            print(f"replaying the input batches of {', '.join(replayed)} for the exact data "
+                  "order (no saved position for them; loop.train.data_resume = 'reseed' "
+                  "restarts the data at once instead)", file=out, flush=True)
+    return streams, built
 
 
 def _fetch(pending: Sequence[tuple[int, Any]]) -> list[tuple[int, Any]]:
