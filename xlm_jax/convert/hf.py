@@ -6,14 +6,14 @@ HF layout (`XLMRobertaForMaskedLM` / `XLMRobertaModel`): `[roberta.]embeddings.*
 `...output.LayerNorm`, `lm_head.{dense,layer_norm,bias}` with the decoder tied to the word
 embeddings. torch Linear weights are [out, in]; ours are [in, (heads, head_dim)] kernels.
 
-The xlm_jax format is a model directory (`xlm_jax.model_dir` owns its layout): a config and
-either `params/` (an orbax checkpoint of the encoder's parameters) or trainer checkpoints.
+The xlm_jax format is a model directory (`xlm_jax.model_dir` owns its layout and its paths,
+local or gs://): a config and either `params/` (an orbax checkpoint of the encoder's
+parameters) or trainer checkpoints. HF directories are read and written through the same paths.
 Reading never imports TensorFlow; torch is imported only to read a `pytorch_model.bin` (with
 `weights_only=True`).
 """
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -216,42 +216,48 @@ def params_to_hf_state(params: Params, cfg: ModelConfig) -> dict[str, np.ndarray
 # ----------------------------------------------------------------------------- files
 
 def read_hf_weights(hf_dir: str) -> dict[str, np.ndarray]:
-    """Reads `model.safetensors` or `pytorch_model.bin` (torch, `weights_only=True`)."""
-    st = os.path.join(hf_dir, "model.safetensors")
-    if os.path.exists(st):
-        from safetensors.numpy import load_file
+    """Reads `model.safetensors` or `pytorch_model.bin` (torch, `weights_only=True`); local
+    files are memory-mapped, gs:// ones read whole."""
+    root = md.resolve(hf_dir)
+    st = root / "model.safetensors"
+    if st.exists():
+        from safetensors.numpy import load, load_file
 
-        return load_file(st)
-    binf = os.path.join(hf_dir, "pytorch_model.bin")
-    if os.path.exists(binf):
+        return load(st.read_bytes()) if md.is_remote(st) else load_file(os.fspath(st))
+    binf = root / "pytorch_model.bin"
+    if binf.exists():
         import torch
 
-        sd = torch.load(binf, map_location="cpu", weights_only=True)
+        with binf.open("rb") as f:
+            sd = torch.load(f, map_location="cpu", weights_only=True)
         return {k: v.float().numpy() for k, v in sd.items()}
     raise FileNotFoundError(f"{hf_dir}: no weights found (looked for {', '.join(HF_WEIGHT_NAMES)})")
 
 
 def load_hf_dir(hf_dir: str) -> tuple[ModelConfig, Params]:
     """Config + params of an HF XLM-R directory."""
-    path = os.path.join(hf_dir, "config.json")
-    if not os.path.exists(path):
+    path = md.resolve(hf_dir) / "config.json"
+    if not path.exists():
         raise FileNotFoundError(f"{path}: not found (an HF model directory needs config.json)")
-    with open(path) as f:
-        cfg = hf_config_to_model_config(json.load(f), source=path)
+    cfg = hf_config_to_model_config(md.read_json(path), source=os.fspath(path))
     return cfg, hf_state_to_params(read_hf_weights(hf_dir), cfg, source=hf_dir)
 
 
 def save_hf_dir(out_dir: str, cfg: ModelConfig, params: Params,
                 spm_from: str | None = None) -> None:
     """Writes `config.json` + `model.safetensors` (+ `sentencepiece.bpe.model` when known)."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save, save_file
 
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(model_config_to_hf_config(cfg), f, indent=2)
-    save_file(params_to_hf_state(params, cfg), os.path.join(out_dir, "model.safetensors"),
-              metadata={"format": "pt"})
-    md.copy_spm(md.find_spm(spm_from) if spm_from else None, out_dir, HF_SPM_NAME)
+    root = md.resolve(out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    md.write_json(root / "config.json", model_config_to_hf_config(cfg))
+    state, meta = params_to_hf_state(params, cfg), {"format": "pt"}
+    weights = root / "model.safetensors"
+    if md.is_remote(weights):
+        weights.write_bytes(save(state, metadata=meta))
+    else:
+        save_file(state, os.fspath(weights), metadata=meta)
+    md.copy_spm(md.find_spm(spm_from) if spm_from else None, root, HF_SPM_NAME)
 
 
 def save_xlm_jax(out_dir: str, cfg: ModelConfig, params: Params,
@@ -259,12 +265,12 @@ def save_xlm_jax(out_dir: str, cfg: ModelConfig, params: Params,
     """Writes the xlm_jax format: `xlm_jax_config.json` + orbax `params/`."""
     import orbax.checkpoint as ocp
 
-    out_dir = os.path.abspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    md.write_config(out_dir, cfg)
+    root = md.resolve(out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    md.write_config(root, cfg)
     with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(md.params_dir(out_dir), params, force=True)
-    md.copy_spm(md.find_spm(spm_from) if spm_from else None, out_dir)
+        ckptr.save(md.params_dir(root), params, force=True)
+    md.copy_spm(md.find_spm(spm_from) if spm_from else None, root)
 
 
 def load_xlm_jax(model_dir: str, step: int | None = None) -> tuple[ModelConfig, Params]:
@@ -272,7 +278,7 @@ def load_xlm_jax(model_dir: str, step: int | None = None) -> tuple[ModelConfig, 
     the latest)."""
     import orbax.checkpoint as ocp
 
-    model_dir = os.path.abspath(model_dir)
+    model_dir = os.fspath(md.resolve(model_dir))
     cfg = md.read_config(model_dir)
     params_dir = md.params_dir(model_dir)
     if step is not None or not md.has_params_dir(model_dir):
@@ -314,8 +320,8 @@ def check_params(params: Params, cfg: ModelConfig, source: str) -> None:
 
 
 def is_hf_dir(path: str) -> bool:
-    return os.path.exists(os.path.join(path, "config.json")) and any(
-        os.path.exists(os.path.join(path, n)) for n in HF_WEIGHT_NAMES)
+    root = md.resolve(path)
+    return (root / "config.json").exists() and any((root / n).exists() for n in HF_WEIGHT_NAMES)
 
 
 

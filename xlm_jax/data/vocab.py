@@ -142,11 +142,13 @@ def load_spm(spm_path: str | os.PathLike[str]) -> spm.SentencePieceProcessor:
     Raises FileNotFoundError for a missing file and ValueError (naming the file and the
     offending ids) for a model that is unreadable or has other special ids.
     """
+    from xlm_jax import model_dir as md  # pylint: disable=g-import-not-at-top
+
     path = os.fspath(spm_path)
-    if not os.path.isfile(path):
+    source = md.resolve(path)  # local or gs:// (a model directory's copy)
+    if not source.is_file():
         raise FileNotFoundError(f"SentencePiece model not found: {path}")
-    with open(path, "rb") as f:
-        proto = f.read()
+    proto = source.read_bytes()
     sp = spm.SentencePieceProcessor()
     try:
         sp.LoadFromSerializedProto(proto)

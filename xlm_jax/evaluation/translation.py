@@ -8,8 +8,6 @@ costs one token (`Transformer.decode_step` keeps every layer's keys and values).
 """
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,9 +24,13 @@ from xlm_jax.objectives.translation import Translation
 
 
 def _read_lines(path: str, what: str) -> list[str]:
+    """The lines of a UTF-8 text file, local or gs://, split where Python's text mode splits
+    them (LF, CRLF or CR only, so that line-aligned files stay aligned)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = [line.rstrip("\n") for line in f]
+        text = md.read_text(path)
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        if lines[-1] == "":
+            lines.pop()
     except FileNotFoundError:
         raise FileNotFoundError(f"translate: {what} {path} does not exist") from None
     except UnicodeDecodeError as e:
@@ -138,10 +140,9 @@ def evaluate(model_dir: str, *, source_file: str = gin.REQUIRED,
     result = {"bleu": bleu.score, "signature": str(bleu), "sentences": len(sources),
               "source_lang": source_lang, "target_lang": target_lang, "beam_size": beam_size,
               "length_penalty": length_penalty}
-    with open(os.path.join(model_dir, "translations.txt"), "w", encoding="utf-8") as f:
-        f.write("\n".join(hypotheses) + "\n")
-    with open(os.path.join(model_dir, "bleu.json"), "w") as f:
-        json.dump(result, f, indent=2)
+    root = md.resolve(model_dir)
+    md.write_text(root / "translations.txt", "\n".join(hypotheses) + "\n")
+    md.write_json(root / "bleu.json", result)
     return result
 
 

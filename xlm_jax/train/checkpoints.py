@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import uuid
 from typing import Any
 
 import jax
@@ -102,31 +100,6 @@ def check_compatible(saved_metadata_tree: PyTree, abstract_state: PyTree, *,
         raise ValueError(f"{where}: {shown}{more}")
 
 
-def _is_remote(path: str) -> bool:
-    return "://" in path
-
-
-def _check_writable(directory: str) -> None:
-    """Create `directory` and write/remove a probe file; one-line OSError otherwise.
-
-    Done at construction so a typo or a read-only mount fails before hours of training,
-    not at the first save. Remote (gs://...) paths are left to orbax.
-    """
-    if _is_remote(directory):
-        return
-    try:
-        os.makedirs(directory, exist_ok=True)
-        probe = os.path.join(directory, f".write_probe.{os.getpid()}.{uuid.uuid4().hex}")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as e:
-        detail = e.strerror or type(e).__name__
-        if e.filename and e.filename != directory:
-            detail += f": {e.filename!r}"
-        raise OSError(f"checkpoints: cannot write to {directory!r} ({detail})") from None
-
-
 def _as_abstract(tree: PyTree) -> PyTree:
     """Arrays -> ShapeDtypeStruct with their sharding; ShapeDtypeStructs must have one."""
 
@@ -148,7 +121,7 @@ class Checkpointer:
     def __init__(self, model_dir: str, cfg: CheckpointConfig = CheckpointConfig()):
         self.cfg = cfg
         self.directory = md.checkpoints_dir(model_dir)
-        _check_writable(self.directory)
+        md.check_writable(self.directory, "checkpoints")  # local or gs://: fails now, not later
         options = ocp.CheckpointManagerOptions(
             max_to_keep=cfg.keep,
             save_interval_steps=1,  # the decision is ours (should_save); orbax just writes

@@ -26,13 +26,15 @@ from typing import Any, TextIO
 
 from etils import epath
 
-STATE_DIR = "data_state"
+from xlm_jax import model_dir as md
+
+STATE_DIR = md.DATA_STATE_DIR
 
 
 def prefix(model_dir: str, step: int, name: str, process_index: int,
            process_count: int) -> str:
     """Where process `process_index` saves objective `name`'s stream at `step`."""
-    return str(epath.Path(model_dir) / STATE_DIR / str(step)
+    return str(md.resolve(model_dir) / STATE_DIR / str(step)
                / f"{name}.process_{process_index:03d}-of-{process_count:03d}")
 
 
@@ -75,7 +77,7 @@ def save(streams: Mapping[str, Any], built: Mapping[str, SavedStream], model_dir
 def prune(model_dir: str, keep: Iterable[int]) -> None:
     """Deletes the saved positions of steps not in `keep` (the checkpoints orbax keeps and
     the one being written); one process does it."""
-    root = epath.Path(model_dir) / STATE_DIR
+    root = md.resolve(model_dir) / STATE_DIR
     if not root.exists():
         return
     keep = {str(s) for s in keep}

@@ -11,7 +11,9 @@ TensorFlow, so the events are written with the `tensorboard` package's pure-pyth
 record writer and protos (TFRecord framing + masked CRC32C), readable by TensorBoard's
 own `EventAccumulator`. The JSONL copy is for scripts and tests (no protobuf needed).
 Only the primary process (jax.process_index() == 0) writes; the others get no-ops,
-so call sites need no `if`.
+so call sites need no `if`. The model directory may be local or gs:// (`xlm_jax.model_dir`):
+both files only grow, which an object store cannot do in place, so there they are rewritten
+whole (`_GrowingFile`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,13 @@ from etils import epath
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
+from xlm_jax import model_dir as md
+
 _file_counter = itertools.count()
+
+# How often a log on an object store (gs://) is rewritten at most: each rewrite uploads the
+# whole file, and GCS takes about one write per second to an object.
+REMOTE_FLUSH_SECONDS = 30.0
 
 
 def _to_float(key: str, value: Any) -> float:
@@ -43,6 +51,54 @@ def _to_float(key: str, value: Any) -> float:
         raise ValueError(f"metric {key!r}: value {value!r} is not a scalar number") from None
 
 
+class _GrowingFile:
+    """A binary log that only grows and can be read while it grows, local or on gs://.
+
+    Locally it is a file opened for appending. An object in a bucket cannot be appended to
+    (gcsfs opens mode "a" as "w", with a warning: a resumed run would wipe its log), so there
+    the content is kept in memory, starting from the object's current content, and the whole
+    object is rewritten on `flush` (at most every REMOTE_FLUSH_SECONDS; the first flush at
+    once) and on `close`. A killed process loses at most that window of lines.
+    """
+
+    def __init__(self, path: epath.Path) -> None:
+        self.path = path
+        self.closed = False
+        self._remote = md.is_remote(path)
+        self._last_upload = -math.inf
+        self._dirty = False
+        if self._remote:
+            self._content = bytearray(path.read_bytes() if path.exists() else b"")
+        else:
+            self._file = path.open("ab")
+
+    def write(self, data: bytes) -> None:
+        if self._remote:
+            self._content += data
+            self._dirty = True
+        else:
+            self._file.write(data)
+
+    def flush(self) -> None:
+        if not self._remote:
+            self._file.flush()
+        elif self._dirty and time.monotonic() - self._last_upload >= REMOTE_FLUSH_SECONDS:
+            self._upload()
+
+    def _upload(self) -> None:
+        self.path.write_bytes(bytes(self._content))
+        self._last_upload, self._dirty = time.monotonic(), False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if not self._remote:
+            self._file.close()
+        elif self._dirty:
+            self._upload()
+
+
 class _EventFile:
     """One TensorBoard event file (TFRecord of `Event` protos), written without TF."""
 
@@ -51,7 +107,7 @@ class _EventFile:
         name = (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
                 f"{os.getpid()}.{next(_file_counter)}")
         self.path = logdir / name
-        self._writer = RecordWriter(self.path.open("wb"))
+        self._writer = RecordWriter(_GrowingFile(self.path))
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def _write(self, event: event_pb2.Event) -> None:
@@ -82,25 +138,16 @@ class MetricsWriter:
         self.is_primary = bool(is_primary)
         self.out = out
         self._events: dict[str, _EventFile] = {}
-        self._jsonl: IO[str] | None = None
+        self._jsonl: _GrowingFile | None = None
         self._closed = False
         if self.is_primary:
-            root = epath.Path(self.model_dir)
+            self._root = md.resolve(self.model_dir)
             try:
-                root.mkdir(parents=True, exist_ok=True)
-                self._jsonl = self._open_jsonl(root)
+                self._root.mkdir(parents=True, exist_ok=True)
+                self._jsonl = _GrowingFile(self._root / md.METRICS_FILE)  # a restart appends
             except OSError as e:
                 raise OSError(f"metrics: cannot write to model_dir {self.model_dir!r}: "
                               f"{e.strerror or e}") from None
-
-    @staticmethod
-    def _open_jsonl(root: epath.Path) -> IO[str]:
-        path = root / "metrics.jsonl"
-        try:
-            return path.open("a")
-        except (OSError, NotImplementedError, ValueError):
-            # Object stores (GCS) cannot append: start a new file per run instead.
-            return (root / f"metrics.{int(time.time())}.jsonl").open("w")
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any], prefix: str = "train") -> None:
         """Record `scalars` at `step` for split `prefix` (TensorBoard + one JSONL line)."""
@@ -112,11 +159,11 @@ class MetricsWriter:
             raise ValueError(f"metrics: prefix {prefix!r} must be a plain directory name")
         values = {str(k): _to_float(str(k), v) for k, v in scalars.items()}
         if prefix not in self._events:
-            self._events[prefix] = _EventFile(epath.Path(self.model_dir) / prefix)
+            self._events[prefix] = _EventFile(self._root / prefix)
         self._events[prefix].scalars(step, values)
         record = {"step": int(step), "split": prefix, **values}
         assert self._jsonl is not None
-        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.write((json.dumps(record) + "\n").encode("utf-8"))
         self._jsonl.flush()
         if prefix != "train" and self.out is not None:
             shown = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
