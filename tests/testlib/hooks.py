@@ -12,3 +12,10 @@ def stall_at(step: int, wait_for_checkpoints: Callable[[], None], at: int = 10) 
         wait_for_checkpoints()
         while True:
             time.sleep(60)
+
+
+def pace(step: int, wait_for_checkpoints: Callable[[], None], seconds: float = 0.3) -> None:
+    """Sleeps after every step: a tiny run lasts long enough for a test to signal it while
+    it trains (the signal then arrives at a step the test does not choose)."""
+    del step, wait_for_checkpoints
+    time.sleep(seconds)

@@ -11,48 +11,14 @@ import time
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.testlib.cli_run import ROOT
+from tests.testlib.cli_run import env as _env
+from tests.testlib.cli_run import losses as _losses
+from tests.testlib.cli_run import params as _params
+from tests.testlib.cli_run import run as _run
+from tests.testlib.cli_run import state as _state
+
 SYNTH = "--gin_file=demo/synthetic.gin"
-
-
-def _env(devices=1, **extra):
-    env = dict(os.environ)
-    env.update({"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-                "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}, **extra)
-    return env
-
-
-def _run(args, devices=1, timeout=300, **extra):
-    return subprocess.run([sys.executable, "-m", "xlm_jax.train", *args], cwd=ROOT,
-                          env=_env(devices, **extra), capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def _losses(model_dir):
-    rows = [json.loads(line) for line in open(os.path.join(model_dir, "metrics.jsonl"))]
-    return {r["step"]: r["loss"] for r in rows if r.get("split") == "train"}
-
-
-def _params(model_dir):
-    from xlm_jax.convert import hf
-
-    import jax
-    return {jax.tree_util.keystr(p): np.asarray(v) for p, v in
-            jax.tree_util.tree_flatten_with_path(hf.load_xlm_jax(model_dir)[1])[0]}
-
-
-def _state(model_dir):
-    """Every array of the final train state (encoder, objective modules, optimizer, objective
-    state), by path."""
-    import jax
-    import orbax.checkpoint as ocp
-
-    from xlm_jax import model_dir as md
-
-    with ocp.StandardCheckpointer() as ckptr:
-        state = ckptr.restore(md.trainer_state_dir(model_dir))
-    return {jax.tree_util.keystr(p): np.asarray(v) for p, v in
-            jax.tree_util.tree_flatten_with_path(state)[0]}
 
 
 def _sigkill_resume(tmp_path, gin_file):

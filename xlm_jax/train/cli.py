@@ -83,7 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         print(f"error: {type(e).__name__}: {' | '.join(lines)}", file=sys.stderr)
         return 1
-    print(f"done: {result.final_step} steps in {result.model_dir}")
+    if result.preempted:
+        print(f"preempted: stopped at step {result.final_step} with a checkpoint in "
+              f"{result.model_dir}; run the same command to resume")
+    else:
+        print(f"done: {result.final_step} steps in {result.model_dir}")
     return 0
 
 

@@ -33,6 +33,7 @@ from xlm_jax.train import metrics as metrics_lib
 from xlm_jax.train import mixture
 from xlm_jax.train import optim as optim_lib
 from xlm_jax.train import partitioning
+from xlm_jax.train import preemption
 from xlm_jax.train import step as step_lib
 
 
@@ -57,7 +58,8 @@ class TrainResult:
     """What a finished run returns (the same numbers are in metrics.jsonl)."""
 
     model_dir: str
-    final_step: int
+    final_step: int  # the last step trained (before train_steps when preempted)
+    preempted: bool  # stopped by SIGTERM after saving a checkpoint at final_step
     losses: list[float]
     last_metrics: dict[str, float]
     step_seconds: list[float]  # wall time of each step (first = compile); the host waits for
@@ -276,6 +278,8 @@ def train(model_dir: str,
     The host reads the device only at log, save and eval steps: the metrics of the steps in
     between stay on the device until then (one transfer for the window), and a non-finite
     loss is found there, before anything is logged, evaluated or saved, naming its own step.
+    SIGTERM (preemption) saves a checkpoint at the step reached and returns normally
+    (`TrainResult.preempted`); see `train.preemption`.
     `after_step(step, wait_for_checkpoints)` is called after every step's metrics and save
     (e.g. a job's own bookkeeping; the tests park a run there to kill it after a save).
     """
@@ -316,7 +320,8 @@ def train(model_dir: str,
         _write_model_files(model_dir, model, spm_model, languages)
 
     latest = ckpt.latest_step()
-    with partitioning.activate(device_mesh, rules):
+    watch = preemption.PreemptionWatch(ckpt.reached_preemption, jax.process_count())
+    with partitioning.activate(device_mesh, rules), watch:
         if latest is None:
             state = _fresh_state(init_fn, shardings, objs, model, seed, init_from)
             start = 0
@@ -356,7 +361,8 @@ def train(model_dir: str,
         window = metrics_lib.WindowMean()
         window_tokens, window_start = 0, time.perf_counter()
         pending: list[tuple[int, Any]] = []  # (step, its metrics still on the device)
-        tracing = False
+        tracing = preempted = False
+        done = start
         for step in range(start, train_steps):
             if step == profile_first_step and profile_steps > 0 and is_primary:
                 jax.profiler.start_trace(model_dir)
@@ -368,8 +374,10 @@ def train(model_dir: str,
                 state, metrics = step_fn(state, batches, rng)
             done = step + 1
             pending.append((done, metrics))
-            logging = done % log_every == 0 or done == train_steps
-            saving = save_checkpoints and (ckpt.should_save(done) or done == train_steps)
+            preempted = watch.reached(done)  # SIGTERM: save this step, then stop
+            last_step = done == train_steps or preempted
+            logging = done % log_every == 0 or last_step
+            saving = save_checkpoints and (ckpt.should_save(done) or last_step)
             evaluating = bool(eval_every) and done % eval_every == 0
             if logging or saving or evaluating:
                 # The host reads the device only here: every pending step's metrics in one
@@ -410,17 +418,22 @@ def train(model_dir: str,
                                  "data_resume": data_resume, "data_state": positions,
                                  "process_count": jax.process_count(),
                                  "tasks": {n: s.task for n, s in objectives.items()}},
-                          force=done == train_steps)
+                          force=last_step)
                 if is_primary and positions:
                     data_state.prune(model_dir, {*ckpt.all_steps(), done})
             if done == 1 and is_primary:
                 md.write_operative_config(model_dir, gin.operative_config_str())
             if after_step is not None:
                 after_step(done, ckpt.wait)
+            if preempted:
+                print(f"preempted (SIGTERM) at step {done}: checkpoint saved; the same "
+                      "command resumes from it", file=out, flush=True)
+                break
         ckpt.wait()
         ckpt.close()
         writer.close()
-    return TrainResult(model_dir=model_dir, final_step=train_steps, losses=losses,
+    return TrainResult(model_dir=model_dir, final_step=done,
+                       preempted=preempted, losses=losses,
                        last_metrics=last, step_seconds=step_seconds,
                        tokens_per_step=float(np.mean(step_tokens)) if step_tokens else 0.0,
                        flops_per_token=flops_per_token,
