@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import json
 import math
 import os
@@ -22,9 +21,10 @@ import sys
 
 import numpy as np
 
+from xlm_jax import model_dir as md
 from xlm_jax.evaluation.retrieval import RetrievalResult
 
-METRICS_FILE = "metrics.jsonl"
+METRICS_FILE = md.METRICS_FILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +39,11 @@ class LossCurve:
 def find_metrics_files(model_dir: str) -> list[str]:
     """`model_dir/metrics.jsonl`, else the per-run `metrics.<time>.jsonl` files the trainer
     writes where it cannot append (object stores), oldest first."""
-    path = os.path.join(model_dir, METRICS_FILE)
-    if os.path.isfile(path):
+    root = md.resolve(model_dir)  # local or gs://
+    path = os.fspath(root / METRICS_FILE)
+    if (root / METRICS_FILE).is_file():
         return [path]
-    runs = sorted(glob.glob(os.path.join(glob.escape(model_dir), "metrics.*.jsonl")))
+    runs = sorted(os.fspath(p) for p in root.glob("metrics.*.jsonl")) if root.is_dir() else []
     if runs:
         return runs
     raise FileNotFoundError(f"{path}: metrics log not found (the trainer writes {METRICS_FILE} "
@@ -59,7 +60,7 @@ def read_loss_curves(paths: str | list[str]) -> list[LossCurve]:
     """
     series: dict[tuple[str, str], dict[int, float]] = {}
     for path in [paths] if isinstance(paths, str) else paths:
-        if not os.path.isfile(path):
+        if not md.resolve(path).is_file():
             raise FileNotFoundError(f"{path}: metrics log not found")
         _read_metrics_file(path, series)
     curves = []
@@ -71,7 +72,7 @@ def read_loss_curves(paths: str | list[str]) -> list[LossCurve]:
 
 
 def _read_metrics_file(path: str, series: dict[tuple[str, str], dict[int, float]]) -> None:
-    with open(path, encoding="utf-8") as f:
+    with md.resolve(path).open("r", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
