@@ -23,12 +23,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model_dir", default="demo_output")
     p.add_argument("--gin_file", action="append", default=None,
                    help="default: demo/infoxlm.gin")
-    p.add_argument("--gin_bindings", action="append", default=[])
+    p.add_argument("--gin_bindings", action="append", default=[],
+                   help="extra gin bindings; --gin.NAME=VALUE is short for this")
     p.add_argument("--layer", default="all",
                    help="layer for the table; default 'all' = each model at its best layer")
     p.add_argument("--tatoeba_dir", default=os.path.join(REPO_ROOT, "tasks", "demo_data", "tatoeba"))
-    args = p.parse_args(argv)
-    os.chdir(REPO_ROOT)  # gin files name the demo data relative to the repository
+    from xlm_jax.train import gin_utils
+
+    args = p.parse_args(gin_utils.rewrite_gin_args(list(sys.argv[1:] if argv is None
+                                                        else argv)))
     # TensorFlow (the input pipeline only) logs C++ INFO/WARNING lines that say nothing about
     # the demo: CUDA probing on CPU machines, and one "did not fully read the dataset being
     # cached" per small task when training stops mid-epoch (seqio caches small tasks in
@@ -38,9 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     from xlm_jax import model_dir as md
     from xlm_jax.encoder import load_encoder
     from xlm_jax.evaluation import report, retrieval
-    from xlm_jax.train import gin_utils, loop
+    from xlm_jax.train import loop
 
-    model_dir = md.resolve(args.model_dir)  # a relative path is taken from the repository
+    # A relative --model_dir is taken from the working directory; the gin files' data paths
+    # (`tasks/demo_data/...`) are found in the repository or the installed package
+    # (`gin_utils.resolve_shipped_paths`), so the demo runs from anywhere.
+    model_dir = md.resolve(args.model_dir)
     train_dir = os.fspath(model_dir / "model")
     gin_utils.parse(args.gin_file or ["demo/infoxlm.gin"],
                     args.gin_bindings + ["loop.train.save_initial = True"])
