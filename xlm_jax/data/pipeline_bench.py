@@ -5,7 +5,12 @@
 
 (also reachable as `python -m xlm_jax.bench --pipeline TASK`). It times
 `pipeline.make_batch_iterator` after `--warmup` batches (pipeline construction, TF start-up
-and the first file reads are excluded). For VECO / mixup tasks an example is two rows and
+and the first file reads are excluded).
+
+`--resume_at 20,2000` times instead what a resume at each of those steps costs the input
+pipeline: restoring the saved iterator position (build, `restore`, first batch) against
+replaying (build at `start_step`, first batch), after checking both give the batch an
+uninterrupted iterator gives there. For VECO / mixup tasks an example is two rows and
 both rows' tokens count.
 """
 
@@ -22,7 +27,7 @@ import numpy as np
 from xlm_jax.data.features import PAD_ID
 from xlm_jax.data.pipeline import make_batch_iterator
 
-__all__ = ["PipelineBenchResult", "count_tokens", "run", "main"]
+__all__ = ["PipelineBenchResult", "ResumeCost", "count_tokens", "resume_cost", "run", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +74,49 @@ def run(task: str, batch_size: int = 32, sequence_length: int = 128, batches: in
                                1.0 - real / total)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> PipelineBenchResult:
+@dataclasses.dataclass(frozen=True)
+class ResumeCost:
+    """Seconds to the first batch of a stream resumed at `step`, each way."""
+
+    step: int
+    save_seconds: float  # writing the position (once per checkpoint)
+    restore_seconds: float  # build + restore + first batch
+    replay_seconds: float  # build with start_step=step + first batch
+
+
+def resume_cost(task: str, batch_size: int, sequence_length: int, step: int, state_dir: str,
+                seed: int = 0) -> ResumeCost:
+    """Times both resumes of `task` at `step` (a pipeline of the same task is built once
+    first, so TF start-up and tracing are not counted) and checks both give the batch the
+    uninterrupted iterator gives at `step`."""
+    import os  # pylint: disable=g-import-not-at-top
+
+    straight = make_batch_iterator(task, batch_size, sequence_length, seed=seed)
+    for _ in range(step):
+        next(straight)
+    start = time.perf_counter()
+    path = straight.save(os.path.join(state_dir, f"{task}-{step}"))
+    save_s = time.perf_counter() - start
+    expected = next(straight)
+
+    start = time.perf_counter()
+    restored = make_batch_iterator(task, batch_size, sequence_length, seed=seed)
+    restored.restore(path)
+    got_restored = next(restored)
+    restore_s = time.perf_counter() - start
+
+    start = time.perf_counter()
+    replayed = make_batch_iterator(task, batch_size, sequence_length, seed=seed,
+                                   start_step=step)
+    got_replayed = next(replayed)
+    replay_s = time.perf_counter() - start
+    for got in (got_restored, got_replayed):
+        if any(not np.array_equal(got[k], expected[k]) for k in expected):
+            raise AssertionError(f"{task}: a resumed stream at step {step} differs")
+    return ResumeCost(step, save_s, restore_s, replay_s)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> PipelineBenchResult | list[ResumeCost]:
     parser = argparse.ArgumentParser(prog="python -m xlm_jax.data.pipeline_bench",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--pipeline", required=True, help="registered task or mixture")
@@ -80,12 +127,30 @@ def main(argv: Optional[Sequence[str]] = None) -> PipelineBenchResult:
     parser.add_argument("--batches", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resume_at", default="",
+                        help="comma-separated steps: time a resume at each instead")
     args = parser.parse_args(argv)
     try:
         importlib.import_module(args.module)
     except ImportError as e:
         raise SystemExit(f"pipeline_bench: cannot import --module {args.module!r} ({e}); run "
                          "from the repository root") from e
+    if args.resume_at:
+        import tempfile  # pylint: disable=g-import-not-at-top
+
+        make_batch_iterator(args.pipeline, args.batch_size, args.sequence_length,
+                            seed=args.seed + 1)  # TF start-up and tracing, not timed
+        costs = []
+        with tempfile.TemporaryDirectory() as state_dir:
+            for step in (int(s) for s in args.resume_at.split(",")):
+                cost = resume_cost(args.pipeline, args.batch_size, args.sequence_length, step,
+                                   state_dir, args.seed)
+                costs.append(cost)
+                print(f"pipeline {args.pipeline}: batch {args.batch_size} x "
+                      f"{args.sequence_length}, resume at step {step}: restore "
+                      f"{cost.restore_seconds:.2f} s, replay {cost.replay_seconds:.2f} s "
+                      f"(saving the position took {cost.save_seconds:.2f} s)", flush=True)
+        return costs
     res = run(args.pipeline, args.batch_size, args.sequence_length, args.batches, args.warmup,
               args.seed)
     print(f"pipeline {res.task}: batch {res.batch_size} x {res.sequence_length}, "
