@@ -66,7 +66,7 @@ case "$cmd" in
     # Quote the trainer flags once for the remote shell, then start the trainer under nohup on
     # every worker (an ssh disconnect must not kill a multi-day run); remember its pid.
     printf -v flags ' %q' "$@"
-    on_workers all "cd ~/$REMOTE_DIR && nohup python3 -m xlm_jax.train$flags > ~/$LOG_FILE 2>&1 < /dev/null & echo \$! > ~/$PID_FILE; echo \"\$(hostname): started pid \$(cat ~/$PID_FILE), log ~/$LOG_FILE\""
+    on_workers all "cd ~/$REMOTE_DIR && { nohup python3 -m xlm_jax.train$flags > ~/$LOG_FILE 2>&1 < /dev/null & echo \$! > ~/$PID_FILE; }; echo \"\$(hostname): started pid \$(cat ~/$PID_FILE), log ~/$LOG_FILE\""
     ;;
   logs)
     on_workers "${WORKER:-0}" "tail -n 100 -F ~/$LOG_FILE"

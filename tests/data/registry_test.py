@@ -5,6 +5,7 @@ plain python file reading and tokens with the TF-free `XLMRTokenizer`, and the r
 paper's formula n^alpha / sum n^alpha.
 """
 
+import collections
 import gzip
 import json
 import lzma
@@ -221,10 +222,57 @@ def test_make_batch_iterator_shapes_and_shards(corpus):
                                     "lang_ids"])
     assert all(v.shape == (4, 16) and v.dtype == np.int32 for v in batch.values())
     assert (batch["input_ids"][:, 0] == 0).all()
-    # two shards read disjoint documents: their first batches differ
+    # two shards read different documents (their disjointness and coverage: the next test)
     s0 = next(make_batch_iterator("rt_it", 4, 16, seed=0, shard_index=0, num_shards=2))
     s1 = next(make_batch_iterator("rt_it", 4, 16, seed=0, shard_index=1, num_shards=2))
     assert not np.array_equal(s0["input_ids"], s1["input_ids"])
+
+
+def _epoch(ds):
+    return list(ds.as_numpy_iterator())
+
+
+@pytest.mark.parametrize("num_shards", [2, 3])
+def test_shards_are_disjoint_and_cover_every_document_once(corpus, num_shards):
+    """Host i of n (the `seqio.ShardInfo(i, n)` that `make_batch_iterator` passes down) reads
+    documents i, i+n, ... of every language: over one epoch the hosts' documents are pairwise
+    disjoint and together every document exactly once; the same holds for the tokens of the
+    hosts' segment streams (the Task's preprocessed output, what the batches are packed from).
+    (Every corpus here has >= n documents: fewer would share one, by design.)"""
+    reg = registry.register_monolingual("rt_it", corpus["mono"], ["en", "fr", "sw"],
+                                        corpus["vocab"])
+    for lang, task_name in reg.tasks.items():
+        task = seqio.get_mixture_or_task(task_name)
+        # every document, by plain file reading (blank-line separated, as in _mono_text)
+        name = next(f for f in os.listdir(corpus["mono"]) if f.startswith(lang + "."))
+        opener = (lzma.open if name.endswith(".xz") else gzip.open if name.endswith(".gz")
+                  else open)
+        with opener(os.path.join(corpus["mono"], name), "rt", encoding="utf-8") as f:
+            docs = [tuple(d.split("\n")) for d in f.read().strip("\n").split("\n\n")]
+        assert len(docs) >= num_shards and len(set(docs)) == len(docs), lang  # all distinct
+        shards = []
+        for i in range(num_shards):
+            info = seqio.ShardInfo(i, num_shards)
+            got = [tuple(x.decode() for x in ex["lines"]) for ex in _epoch(
+                task.source.get_dataset("train", shuffle=False, shard_info=info))]
+            assert len(set(got)) == len(got), (lang, i)  # no document twice in one shard
+            assert got == docs[i::num_shards], (lang, i)
+            shards.append(set(got))
+        for i in range(num_shards):
+            for j in range(i + 1, num_shards):
+                assert not shards[i] & shards[j], (lang, i, j)
+        assert set().union(*shards) == set(docs), lang
+        assert sum(len(s) for s in shards) == len(docs), lang
+        # the preprocessed streams: token counts of the hosts add up to the unsharded ones
+        def tokens(shard_info):
+            counts = collections.Counter()
+            for ex in _epoch(task.get_dataset({"input_ids": 32}, "train", shuffle=False,
+                                              num_epochs=1, shard_info=shard_info)):
+                counts.update(ex["input_ids"][1:-1].tolist())  # without the <s> ... </s> wrap
+            return counts
+        whole = tokens(None)
+        assert sum((tokens(seqio.ShardInfo(i, num_shards)) for i in range(num_shards)),
+                   collections.Counter()) == whole, lang
 
 
 def test_tfds_source_with_a_tiny_local_dataset(corpus, tmp_path):

@@ -1,4 +1,5 @@
-"""Tests for launch/: shell syntax, the JobSet yaml, XLA flags, and a real 2-process local run."""
+"""Tests for launch/: shell syntax, the JobSet yaml, XLA flags, the dry runs, the SLURM and TPU VM
+scripts' real paths against stand-in srun/gcloud/python3, and a real 2-process local run."""
 from __future__ import annotations
 
 import json
@@ -147,6 +148,221 @@ def test_tpu_vm_dry_run():
     res = subprocess.run(["bash", os.path.join(LAUNCH, "tpu_vm.sh"), "run"], capture_output=True,
                          text=True, env=_clean_env(DRY_RUN="1"), timeout=60)
     assert res.returncode != 0 and "TPU_NAME" in res.stderr
+
+
+# Stand-ins put first on PATH so that the launch scripts' REAL paths (not DRY_RUN) run here:
+# each records its argv (and, for the programs the scripts start, cwd and environment).
+_RECORDER = f"""#!{sys.executable}
+import json, os, sys
+with open(os.environ["RECORD"], "a") as f:
+    f.write(json.dumps({{"prog": os.path.basename(sys.argv[0]), "argv": sys.argv[1:],
+                        "cwd": os.getcwd(), "pid": os.getpid(), "env": dict(os.environ)}}) + "\\n")
+"""
+
+# `srun [--options] PROGRAM ARGS...`: record, then run PROGRAM ARGS (one task).
+_FAKE_SRUN = _RECORDER + """
+cmd = sys.argv[1:]
+while cmd[0].startswith("--"):
+    cmd = cmd[1:]
+os.execvp(cmd[0], cmd)
+"""
+
+# `gcloud compute tpus tpu-vm ssh|scp ...` against ONE local worker whose home is $FAKE_HOME:
+# scp copies there, ssh runs --command= with bash in it.
+_FAKE_GCLOUD = _RECORDER + """
+import shutil, subprocess
+args = sys.argv[1:]
+assert args[:3] == ["compute", "tpus", "tpu-vm"], args
+pos = [a for a in args[4:] if not a.startswith("--")]
+home = os.environ["FAKE_HOME"]
+if args[3] == "scp":
+    src, dest = pos
+    shutil.copy(src, os.path.join(home, dest.split(":", 1)[1]))
+else:
+    assert args[3] == "ssh", args
+    command = next(a for a in args if a.startswith("--command="))[len("--command="):]
+    sys.exit(subprocess.run(["bash", "-c", command], cwd=home,
+                            env=dict(os.environ, HOME=home)).returncode)
+"""
+
+# The worker's python3: `-m xlm_jax.train` stays up (a training run) until killed.
+_FAKE_WORKER_PYTHON = _RECORDER + """
+if sys.argv[1:3] == ["-m", "xlm_jax.train"]:
+    import time
+    print("fake trainer up", flush=True)
+    time.sleep(120)
+elif sys.argv[1] == "-c":
+    print("0 4 4")
+"""
+
+
+def _install(bin_dir, name, text):
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    path = bin_dir / name
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+def _records(path, prog=None):
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [r for r in rows if prog is None or r["prog"] == prog]
+
+
+def test_slurm_real_path_runs_srun_with_the_env_and_flags(tmp_path):
+    """Without DRY_RUN: srun (a stand-in) gets the argv, and the venv's python the flags and
+    environment the script exports (the user's XLA_FLAGS kept, the GPU flags appended)."""
+    record = tmp_path / "record.jsonl"
+    _install(tmp_path / "bin", "srun", _FAKE_SRUN)
+    venv = tmp_path / "venv"
+    _install(venv / "bin", "python", _RECORDER)
+    (venv / "bin" / "activate").write_text(f'export PATH="{venv}/bin:$PATH"\n')
+    flags = ["--gin_file=gin_configs/runs/a b.gin", "--model_dir=/shared/run",
+             "--gin.NAME='x y'"]
+    env = _clean_env(VENV=str(venv), RECORD=str(record), XLA_FLAGS="--xla_dump_to=/tmp/d",
+                     PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", SLURM_JOB_ID="77")
+    res = subprocess.run(["bash", os.path.join(LAUNCH, "slurm_gpu.sbatch"), *flags],
+                         capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("slurm_gpu: job 77 on ")
+    (srun,) = _records(record, "srun")
+    assert srun["argv"] == ["--kill-on-bad-exit=1", "--cpu-bind=none", "python", "-m",
+                            "xlm_jax.train", *flags]
+    (trainer,) = _records(record, "python")  # the venv's python: the venv was activated
+    assert trainer["argv"] == ["-m", "xlm_jax.train", *flags]
+    assert trainer["cwd"] == REPO_ROOT
+    tenv = trainer["env"]
+    xla = tenv["XLA_FLAGS"].split()
+    assert xla[0] == "--xla_dump_to=/tmp/d"  # the user's flags are kept, first
+    assert len(xla) == 14 and all(f.startswith("--xla_gpu_") for f in xla[1:])
+    assert "--xla_gpu_all_reduce_combine_threshold_bytes=1073741824" in xla
+    assert {k: tenv.get(k) for k in ("CUDA_DEVICE_MAX_CONNECTIONS",
+                                     "XLA_PYTHON_CLIENT_MEM_FRACTION", "NCCL_PROTO",
+                                     "TF_FORCE_GPU_ALLOW_GROWTH")} == {
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9",
+        "NCCL_PROTO": "SIMPLE,LL,LL128", "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+
+
+def _gone(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" in f.read()  # killed, not yet reaped
+    except FileNotFoundError:
+        return True
+
+
+def _tpu_worker(tmp_path):
+    """A stand-in gcloud (first on PATH) whose one worker is the local directory `worker`,
+    with its own python3 and tail; returns (run tpu_vm.sh, record file, worker home)."""
+    record, home = tmp_path / "record.jsonl", tmp_path / "worker"
+    home.mkdir()
+    _install(tmp_path / "bin", "gcloud", _FAKE_GCLOUD)
+    _install(tmp_path / "worker_bin", "python3", _FAKE_WORKER_PYTHON)
+    # the worker's `tail -n 100 -F FILE`, without -F (which would follow forever)
+    _install(tmp_path / "worker_bin", "tail",
+             f'#!/bin/sh\n[ "$3" = -F ] || exit 9\nexec {shutil.which("tail")} -n "$2" "$4"\n')
+    path = f"{tmp_path / 'bin'}:{tmp_path / 'worker_bin'}:{os.environ['PATH']}"
+    env = _clean_env(TPU_NAME="pod", ZONE="us-central2-b", RECORD=str(record),
+                     FAKE_HOME=str(home), PATH=path, TMPDIR=str(tmp_path))
+    checkout = tmp_path / "checkout"
+    for rel in ("xlm_jax/train.py", "setup.py", ".git/HEAD", ".venv/x", "m.pyc"):
+        (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / rel).write_text(rel)
+
+    def tpu(*args, popen=False, **kw):
+        argv = ["bash", os.path.join(LAUNCH, "tpu_vm.sh"), *args]
+        if popen:
+            return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, cwd=checkout, env=dict(env, **kw))
+        return subprocess.run(argv, capture_output=True, text=True, cwd=checkout,
+                              env=dict(env, **kw), timeout=60)
+    return tpu, record, home
+
+
+def test_tpu_vm_setup_and_logs_on_a_local_stand_in_worker(tmp_path):
+    """Without DRY_RUN: setup copies the checkout to the worker and installs there; logs
+    follows the trainer's log on worker 0, or on $WORKER."""
+    tpu, record, home = _tpu_worker(tmp_path)
+    res = tpu("setup")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "0 4 4"  # the closing `import jax` check ran on the worker
+    # the checkout arrived without .git, .venv and *.pyc; the local archive was removed
+    got = sorted(str(p.relative_to(home / "xlm_jax")) for p in (home / "xlm_jax").rglob("*")
+                 if p.is_file())
+    assert got == ["setup.py", "xlm_jax/train.py"]
+    assert not list(tmp_path.glob("xlm_jax_src.*"))
+    worker_python = _records(record, "python3")
+    assert [r["argv"] for r in worker_python] == [
+        ["-m", "pip", "install", "-q", "-U", "jax[tpu]"],
+        ["-m", "pip", "install", "-q", "-e", ".[data]"],
+        ["-c", "import jax; print(jax.process_index(), jax.local_device_count(), "
+               "jax.device_count())"]]
+    assert {r["cwd"] for r in worker_python} == {str(home / "xlm_jax")}
+    gcloud = [r["argv"] for r in _records(record, "gcloud")]
+    assert [a[3] for a in gcloud] == ["scp", "ssh"]
+    assert gcloud[0][5] == "pod:xlm_jax_src.tar.gz" and gcloud[1][4] == "pod"
+    assert all("--zone=us-central2-b" in a and "--worker=all" in a for a in gcloud)
+    record.unlink()
+    (home / "xlm_jax_train.log").write_text("step 1\n")
+    for worker, extra in (("0", {}), ("3", {"WORKER": "3"})):
+        res = tpu("logs", **extra)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout == "step 1\n"
+        (logs,) = _records(record, "gcloud")
+        assert logs["argv"][3:5] == ["ssh", "pod"] and f"--worker={worker}" in logs["argv"]
+        assert logs["argv"][-1] == "--command=tail -n 100 -F ~/xlm_jax_train.log"
+        record.unlink()
+
+
+def _gone(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" in f.read()  # killed, not yet reaped
+    except FileNotFoundError:
+        return True
+
+
+def test_tpu_vm_run_and_stop_on_a_local_stand_in_worker(tmp_path):
+    """Without DRY_RUN: run starts the trainer on the worker with the flags intact, records
+    ITS pid and lets ssh return; stop kills exactly that process."""
+    tpu, record, home = _tpu_worker(tmp_path)
+    (home / "xlm_jax").mkdir()
+    flags = ["--gin_file=g.gin", "--model_dir=gs://b/r", "--gin.NAME='x y'", "a b"]
+    proc = tpu("run", *flags, popen=True)
+    trainer = None
+    try:
+        assert proc.wait(timeout=60) == 0
+        deadline = time.monotonic() + 30
+        while not _records(record, "python3"):
+            assert time.monotonic() < deadline, "the trainer did not start"
+            time.sleep(0.1)
+        (trainer,) = _records(record, "python3")
+        assert trainer["argv"] == ["-m", "xlm_jax.train", *flags]
+        assert trainer["cwd"] == str(home / "xlm_jax")
+        pid = int((home / "xlm_jax_train.pid").read_text())
+        assert pid == trainer["pid"], "the pid file does not name the trainer"
+        # the ssh session's output ends although the trainer runs on
+        out, _ = proc.communicate(timeout=10)
+        assert out.strip().endswith(f"started pid {pid}, log ~/xlm_jax_train.log")
+        while "fake trainer up" not in (home / "xlm_jax_train.log").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        res = tpu("stop")
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip().endswith(": stopped")
+        while not _gone(pid):
+            assert time.monotonic() < deadline, f"the trainer (pid {pid}) runs on after stop"
+            time.sleep(0.1)
+        assert not (home / "xlm_jax_train.pid").exists()
+    finally:  # stop what this test started, whatever failed
+        leftovers = [int((home / "xlm_jax_train.pid").read_text())] if (
+            home / "xlm_jax_train.pid").exists() else []
+        for p in leftovers + ([trainer["pid"]] if trainer else []):
+            if not _gone(p):
+                os.kill(p, 9)
+        proc.kill()
+        proc.communicate()
 
 
 def _run_local(tmp_path, n, extra_env=None, timeout=240):
