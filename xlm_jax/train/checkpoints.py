@@ -3,7 +3,8 @@
 What: `Checkpointer(model_dir, cfg)` saves the train state (any pytree of arrays, e.g.
 a flax struct TrainState with params and optimizer state) plus a small JSON `extra`
 (data-pipeline position, config fingerprint, ...) under `model_dir/checkpoints/<step>/`,
-keeps the newest `keep`, and restores onto whatever shardings the caller asks for.
+keeps the newest `keep` (and, with `keep_best`, the best by an eval metric beside them),
+and restores onto whatever shardings the caller asks for.
 
 Why this way: orbax writes each array shard from the process that owns it (multi-host
 safe, async), and `StandardRestore` with an abstract target of `jax.ShapeDtypeStruct`s
@@ -31,6 +32,7 @@ from xlm_jax.train.optim import param_path_names
 PyTree = Any
 
 _MAX_LISTED = 3
+BEST_MODES = ("max", "min")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,13 +45,46 @@ class CheckpointConfig:
     keep: int = 3
     # Write in a background thread (training continues once arrays are copied to host).
     async_save: bool = True
+    # Beside the newest `keep`, also keep the `keep_best` checkpoints with the best
+    # `best_metric` (an eval metric handed to `save(..., metrics=)`: the trainer's periodic
+    # retrieval eval, "retrieval/acc1" = mean Tatoeba acc@1 in %; `train.periodic_eval`).
+    # best_mode "max": higher is better, "min": lower. 0 = keep-last-N only. A checkpoint
+    # saved without the metric is kept only while it is among the newest `keep`.
+    keep_best: int = 0
+    best_metric: str = "retrieval/acc1"
+    best_mode: str = "max"
 
     def __post_init__(self) -> None:
-        for name in ("save_every_steps", "keep"):
+        for name, low in (("save_every_steps", 1), ("keep", 1), ("keep_best", 0)):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"CheckpointConfig.{name}={value!r} is invalid: must be an "
-                                 "integer >= 1")
+                                 f"integer >= {low}")
+        if self.best_mode not in BEST_MODES:
+            raise ValueError(f"CheckpointConfig.best_mode={self.best_mode!r} is invalid: must "
+                             f"be one of {', '.join(BEST_MODES)}")
+        if not self.best_metric or not isinstance(self.best_metric, str):
+            raise ValueError(f"CheckpointConfig.best_metric={self.best_metric!r} is invalid: "
+                             "must be a metric name such as 'retrieval/acc1'")
+
+
+def preservation_policy(cfg: CheckpointConfig) -> Any:
+    """What orbax keeps after each save: the newest `keep` (`LatestN`), plus with
+    `keep_best` the best `keep_best` of the checkpoints saved with metrics (`BestN`; those
+    saved without are left to `LatestN`), whichever keeps a step (`AnyPreservationPolicy`)."""
+    policies = [ocp.checkpoint_managers.LatestN(n=cfg.keep)]
+    if cfg.keep_best:
+        policies.append(ocp.checkpoint_managers.BestN(
+            get_metric_fn=_metric_fn(cfg.best_metric), reverse=cfg.best_mode == "min",
+            n=cfg.keep_best, keep_checkpoints_without_metrics=False))
+    return ocp.checkpoint_managers.AnyPreservationPolicy(policies)
+
+
+def _metric_fn(name: str) -> Any:
+    def metric(metrics: dict) -> float:
+        return float(metrics[name])
+
+    return metric
 
 
 def _flat_shapes(tree: PyTree) -> dict[str, tuple[int, ...]]:
@@ -122,8 +157,13 @@ class Checkpointer:
         self.cfg = cfg
         self.directory = md.checkpoints_dir(model_dir)
         md.check_writable(self.directory, "checkpoints")  # local or gs://: fails now, not later
+        # `preservation_policy` keeps latest-N and best-N side by side (orbax's `max_to_keep`
+        # with `best_fn` would keep only the best N, dropping the latest one resume needs);
+        # `best_fn` is still set so that orbax writes and reads the metrics of each step.
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=cfg.keep,
+            preservation_policy=preservation_policy(cfg),
+            best_fn=_metric_fn(cfg.best_metric) if cfg.keep_best else None,
+            best_mode=cfg.best_mode,
             save_interval_steps=1,  # the decision is ours (should_save); orbax just writes
             enable_async_checkpointing=cfg.async_save,
             create=True,
@@ -140,12 +180,14 @@ class Checkpointer:
         return step > 0 and step % self.cfg.save_every_steps == 0
 
     def save(self, step: int, state: PyTree, extra: dict | None = None,
-             force: bool = False) -> bool:
+             force: bool = False, metrics: dict[str, float] | None = None) -> bool:
         """Save if `should_save(step)` or `force`; returns whether a save was started.
 
         A step that is already on disk is not written again (returns False), so a final
         forced save right after a periodic one is harmless. With async_save the write
-        finishes in the background; `wait()` blocks until it is durable.
+        finishes in the background; `wait()` blocks until it is durable. `metrics` (the
+        eval scalars of this very step, with `cfg.best_metric` among them) rank the
+        checkpoint for `keep_best`; without them it is kept only as one of the newest.
         """
         step = int(step)
         if not (force or self.should_save(step)):
@@ -158,11 +200,18 @@ class Checkpointer:
         except (TypeError, ValueError) as e:
             raise ValueError(f"checkpoint step {step}: extra is not JSON-serialisable ({e})"
                              ) from None
+        if not self.cfg.keep_best:
+            metrics = None
+        elif metrics is not None:
+            if self.cfg.best_metric not in metrics:
+                raise ValueError(f"checkpoint step {step}: metrics {sorted(metrics)} lack "
+                                 f"CheckpointConfig.best_metric={self.cfg.best_metric!r}")
+            metrics = {k: float(v) for k, v in metrics.items()}
         return bool(self._manager.save(
             step,
             args=ocp.args.Composite(**{md.STATE_ITEM: ocp.args.StandardSave(state),
                                        md.EXTRA_ITEM: ocp.args.JsonSave(extra)}),
-            force=True))
+            metrics=metrics, force=True))
 
     def latest_step(self) -> int | None:
         """The newest finished checkpoint step, or None if there is none."""
@@ -171,6 +220,18 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         """All finished checkpoint steps, ascending."""
         return sorted(self._manager.all_steps())
+
+    def best_step(self) -> int | None:
+        """The finished step with the best `best_metric` (None when no checkpoint has
+        metrics); without `keep_best`, the latest step."""
+        if not self.cfg.keep_best:
+            return self.latest_step()
+        scored = {s: m for s in self.all_steps()
+                  if (m := self._manager.metrics(s)) is not None and self.cfg.best_metric in m}
+        if not scored:
+            return None
+        sign = 1.0 if self.cfg.best_mode == "max" else -1.0
+        return max(scored, key=lambda s: (sign * float(scored[s][self.cfg.best_metric]), -s))
 
     def reached_preemption(self, step: int) -> bool:
         """True when the job is being preempted (TPU/GKE signal): save now and exit."""

@@ -33,6 +33,7 @@ from xlm_jax.train import metrics as metrics_lib
 from xlm_jax.train import mixture
 from xlm_jax.train import optim as optim_lib
 from xlm_jax.train import partitioning
+from xlm_jax.train import periodic_eval
 from xlm_jax.train import preemption
 from xlm_jax.train import step as step_lib
 
@@ -251,6 +252,7 @@ def train(model_dir: str,
           log_every: int = 10,
           eval_every: int = 0,
           eval_batches: int = 4,
+          retrieval: periodic_eval.RetrievalEvalConfig | None = None,
           seed: int = 0,
           data_resume: str = "checkpoint",
           task_modules: Sequence[str] = (),
@@ -280,6 +282,9 @@ def train(model_dir: str,
     loss is found there, before anything is logged, evaluated or saved, naming its own step.
     SIGTERM (preemption) saves a checkpoint at the step reached and returns normally
     (`TrainResult.preempted`); see `train.preemption`.
+    `retrieval` scores Tatoeba retrieval every `retrieval.every` steps (eval/retrieval/* in
+    metrics.jsonl and TensorBoard); with `checkpoint.keep_best` > 0 it also runs at every
+    save step and ranks the checkpoints by `checkpoint.best_metric`; see `train.periodic_eval`.
     `after_step(step, wait_for_checkpoints)` is called after every step's metrics and save
     (e.g. a job's own bookkeeping; the tests park a run there to kill it after a save).
     """
@@ -300,10 +305,14 @@ def train(model_dir: str,
     seqio_tasks = [] if force_synthetic else [
         spec.task for spec in objectives.values() if not spec.task.startswith(data_lib.SYNTHETIC)]
     languages = _check_tasks(model, seqio_tasks)
+    periodic_eval.check_keep_best(checkpoint, retrieval, model)
 
     net = Transformer(model)
     objs, rules = _build_objectives(net, objectives, axis_rule_overrides, optimizer,
                                     check_tasks=not force_synthetic)
+    periodic = None if retrieval is None else periodic_eval.PeriodicRetrieval(  # checks its dir
+        retrieval, model, model_dir, spm_model, languages, rules,
+        at_saves=save_checkpoints and checkpoint.keep_best > 0)
     for o in objs:
         o.objective.bind_languages(languages)
         if not force_synthetic:
@@ -379,7 +388,8 @@ def train(model_dir: str,
             logging = done % log_every == 0 or last_step
             saving = save_checkpoints and (ckpt.should_save(done) or last_step)
             evaluating = bool(eval_every) and done % eval_every == 0
-            if logging or saving or evaluating:
+            ranking = periodic is not None and periodic.due(done, saving and not preempted)
+            if logging or saving or evaluating or ranking:
                 # The host reads the device only here: every pending step's metrics in one
                 # transfer, checked for NaN before anything is logged, evaluated or saved.
                 for at, fetched in _fetch(pending):
@@ -409,6 +419,7 @@ def train(model_dir: str,
             if evaluating:
                 _evaluate(objectives, objs, eval_fn, state, device_mesh, shapes,
                           seed, model, eval_batches, writer, done)
+            scores = periodic.run(done, state.params, writer) if ranking else None
             if saving:
                 positions = {} if data_resume != "checkpoint" else data_state.save(
                     streams, built, model_dir, done, jax.process_index(),
@@ -418,7 +429,7 @@ def train(model_dir: str,
                                  "data_resume": data_resume, "data_state": positions,
                                  "process_count": jax.process_count(),
                                  "tasks": {n: s.task for n, s in objectives.items()}},
-                          force=last_step)
+                          force=last_step, metrics=scores)
                 if is_primary and positions:
                     data_state.prune(model_dir, {*ckpt.all_steps(), done})
             if done == 1 and is_primary:
@@ -432,6 +443,8 @@ def train(model_dir: str,
         ckpt.wait()
         ckpt.close()
         writer.close()
+        if periodic is not None:
+            periodic.close()
     return TrainResult(model_dir=model_dir, final_step=done,
                        preempted=preempted, losses=losses,
                        last_metrics=last, step_seconds=step_seconds,

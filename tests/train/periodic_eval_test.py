@@ -1,0 +1,223 @@
+"""Periodic Tatoeba retrieval in the training loop and keep-best checkpoints: real orbax
+checkpoints on disk, real retrieval on small Tatoeba-format files, the real `loop.train`."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from testlib.tiny_run import TINY_MODEL, mlm_objectives
+from xlm_jax import model_dir as md
+from xlm_jax.encoder import load_encoder
+from xlm_jax.evaluation import retrieval
+from xlm_jax.train import checkpoints, loop, optim, partitioning, periodic_eval
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEMO_TATOEBA = os.path.join(REPO_ROOT, "tasks", "demo_data", "tatoeba")
+SPM = os.path.join(REPO_ROOT, "tasks", "demo_data", "spm.model")
+MODEL = {"vocab_size": 8002}  # the demo SentencePiece model's ids
+# Checked for this run (fixed seeds, CPU): under "max" the best of the saves 2, 4, 6 is step 4,
+# not the latest, so keep=1 alone would delete it (the test asserts an early best exists).
+BEST_MODE = "max"
+
+
+def _tatoeba(tmp_path, langs=("de", "fr", "es"), lines=24):
+    """A Tatoeba-format directory: the first `lines` sentence pairs of demo languages."""
+    out = tmp_path / "tatoeba"
+    out.mkdir()
+    for lang in langs:
+        for side in (lang, "eng"):
+            name = f"tatoeba.{lang}-eng.{side}"
+            with open(os.path.join(DEMO_TATOEBA, name), encoding="utf-8") as f:
+                text = f.read().splitlines()[:lines]
+            (out / name).write_text("".join(f"{s}\n" for s in text), encoding="utf-8")
+    return str(out)
+
+
+def _saved_steps(model_dir):
+    return sorted(int(n) for n in os.listdir(os.path.join(model_dir, "checkpoints"))
+                  if n.isdigit())
+
+
+def _state(value):
+    return {"w": jnp.full((4,), float(value))}
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def test_keep_best_beside_latest_and_across_a_restart(tmp_path):
+    cfg = checkpoints.CheckpointConfig(save_every_steps=1, keep=1, keep_best=1,
+                                       async_save=False)
+    acc = {1: 50.0, 2: 10.0, 3: 20.0}
+    with checkpoints.Checkpointer(str(tmp_path), cfg) as ckpt:
+        for step, value in acc.items():
+            ckpt.save(step, _state(step), metrics={"retrieval/acc1": value})
+        # step 1 (the best) survives beside the latest; plain keep=1 would have deleted it
+        assert ckpt.all_steps() == [1, 3]
+        assert ckpt.best_step() == 1
+        ckpt.save(4, _state(4))  # no metrics (e.g. a preemption save): keep-last-N only
+        assert ckpt.all_steps() == [1, 4]
+    # A resumed run reads the saved metrics back: step 1 still ranks first.
+    with checkpoints.Checkpointer(str(tmp_path), cfg) as ckpt:
+        ckpt.save(5, _state(5), metrics={"retrieval/acc1": 30.0})
+        assert ckpt.all_steps() == [1, 5]
+        ckpt.save(6, _state(6), metrics={"retrieval/acc1": 70.0})
+        assert ckpt.all_steps() == [6]  # the new best is also the latest
+        assert ckpt.best_step() == 6
+    assert json.loads((tmp_path / "checkpoints" / "6" / "metrics" / "metrics").read_text()) == {
+        "retrieval/acc1": 70.0}
+
+
+def test_keep_best_min_mode_and_several(tmp_path):
+    cfg = checkpoints.CheckpointConfig(save_every_steps=1, keep=2, keep_best=2,
+                                       best_metric="loss", best_mode="min", async_save=False)
+    with checkpoints.Checkpointer(str(tmp_path), cfg) as ckpt:
+        for step, loss in {1: 3.0, 2: 1.0, 3: 5.0, 4: 2.0, 5: 6.0, 6: 7.0}.items():
+            ckpt.save(step, _state(step), metrics={"loss": loss})
+        assert ckpt.all_steps() == [2, 4, 5, 6]  # best two by min loss + latest two
+        assert ckpt.best_step() == 2
+        with pytest.raises(ValueError, match="lack CheckpointConfig.best_metric='loss'"):
+            ckpt.save(7, _state(7), metrics={"retrieval/acc1": 1.0})
+
+
+def test_checkpoint_config_errors():
+    with pytest.raises(ValueError, match="best_mode='median' is invalid"):
+        checkpoints.CheckpointConfig(keep_best=1, best_mode="median")
+    with pytest.raises(ValueError, match="keep_best=-1 is invalid"):
+        checkpoints.CheckpointConfig(keep_best=-1)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+def _train(model_dir, steps, checkpoint, retrieval_cfg, **kw):
+    """`train_tiny`'s run (TINY_MODEL with the demo vocabulary, synthetic MMLM + TLM) with a
+    CheckpointConfig of our own (train_tiny builds its own, without keep_best)."""
+    return loop.train(
+        str(model_dir), model=loop.model_config("tiny", {**TINY_MODEL, **MODEL}),
+        objectives=mlm_objectives(), train_steps=steps, batch_size=8, seq_len=32,
+        optimizer=optim.OptimizerConfig(learning_rate=3e-3, warmup_steps=2, total_steps=20),
+        checkpoint=checkpoint, spm_model=SPM, retrieval=retrieval_cfg, out=io.StringIO(),
+        **kw)
+
+
+def test_loop_writes_retrieval_and_keeps_the_best_checkpoint(tmp_path):
+    """8 devices (data 2 x fsdp 2 x tensor 2): the eval gathers the sharded encoder. Retrieval
+    runs every 3 steps and, with keep_best, at every save (2, 4, 6); keep=1 + keep_best=1
+    leave the latest and the best-scored save; step 0 (save_initial, no metric) goes."""
+    model_dir = str(tmp_path / "run")
+    result = _train(
+        model_dir, 6,
+        checkpoints.CheckpointConfig(save_every_steps=2, keep=1, keep_best=1,
+                                     best_mode=BEST_MODE, async_save=False),
+        periodic_eval.RetrievalEvalConfig(tatoeba_dir=DEMO_TATOEBA, every=3, layers="all",
+                                          languages=["de", "fr", "es"], max_sentences=24,
+                                          batch_size=16),
+        mesh=partitioning.MeshConfig(data=2, fsdp=2, tensor=2), num_devices=8,
+        save_initial=True, log_every=100)
+    assert result.final_step == 6
+    with open(os.path.join(model_dir, md.METRICS_FILE)) as f:
+        evals = {r["step"]: r for r in map(json.loads, f) if r["split"] == "eval"}
+    assert sorted(evals) == [2, 3, 4, 6]
+    for r in evals.values():
+        assert set(r) >= {"retrieval/acc1", "retrieval/layer", "retrieval/acc1_layer0",
+                          "retrieval/acc1_layer2", "retrieval/seconds"}
+        assert r["retrieval/acc1"] == max(r[f"retrieval/acc1_layer{k}"] for k in range(3))
+
+    # The same scalars in TensorBoard (eval/ split).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(os.path.join(model_dir, "eval"), size_guidance={"scalars": 0})
+    acc.Reload()
+    events = acc.Scalars("retrieval/acc1")
+    assert [e.step for e in events] == [2, 3, 4, 6]
+    np.testing.assert_allclose([e.value for e in events],
+                               [evals[s]["retrieval/acc1"] for s in (2, 3, 4, 6)], rtol=1e-6)
+
+    # The eval scored the current parameters (and the first 24 lines of de, fr, es): the
+    # final checkpoint evaluated offline on those lines gives the loop's numbers at step 6.
+    offline = retrieval.evaluate(load_encoder(model_dir, step=6), _tatoeba(tmp_path), "all",
+                                 batch_size=16)
+    for k, v in offline.per_layer.items():
+        assert 100 * v == pytest.approx(evals[6][f"retrieval/acc1_layer{k}"], abs=1e-6)
+
+    # Keep-best: each save carries the metric of its own step; kept = latest + best save
+    # (orbax's BestN keeps the later of equal scores).
+    saved = {s: evals[s]["retrieval/acc1"] for s in (2, 4, 6)}
+    sign = 1 if BEST_MODE == "max" else -1
+    best = max(saved, key=lambda s: (sign * saved[s], s))
+    assert best != 6, f"no early best in {saved}: the test no longer tells keep-best apart"
+    assert _saved_steps(model_dir) == sorted({best, 6})
+    for s in _saved_steps(model_dir):
+        with open(os.path.join(model_dir, "checkpoints", str(s), "metrics", "metrics")) as f:
+            assert json.load(f)["retrieval/acc1"] == pytest.approx(saved[s])
+
+
+# ----------------------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("case", ["no_retrieval", "unknown_metric", "missing_dir", "empty_dir",
+                                  "layer"])
+def test_misconfiguration_fails_before_training(tmp_path, case):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("no tatoeba here\n")
+    tatoeba = DEMO_TATOEBA
+    keep_best, metric, layers = 1, "retrieval/acc1", 1
+    expect = {"no_retrieval": "keep_best=1 ranks checkpoints by the eval metric "
+                              "'retrieval/acc1', but loop.train.retrieval is not set",
+              "unknown_metric": "best_metric='retrieval/acc5' is not a metric of the retrieval",
+              "missing_dir": f"tatoeba_dir='{tmp_path / 'nowhere'}'.*not a directory",
+              "empty_dir": f"tatoeba_dir='{empty}'.*no Tatoeba files found",
+              "layer": "layer=7 out of range"}[case]
+    if case == "unknown_metric":
+        metric = "retrieval/acc5"
+    elif case == "missing_dir":
+        tatoeba = str(tmp_path / "nowhere")
+    elif case == "empty_dir":
+        tatoeba = str(empty)
+    elif case == "layer":
+        layers = 7
+    cfg = None if case == "no_retrieval" else periodic_eval.RetrievalEvalConfig(
+        tatoeba_dir=tatoeba, every=2, layers=layers)
+    model_dir = tmp_path / "run"
+    with pytest.raises(ValueError, match=expect) as err:
+        _train(model_dir, 2, checkpoints.CheckpointConfig(keep_best=keep_best,
+                                                          best_metric=metric), cfg)
+    assert re.search(expect, str(err.value).splitlines()[0])  # one line (gin adds its own)
+    assert not (model_dir / "checkpoints" / "1").exists()
+    assert not (model_dir / md.METRICS_FILE).exists()  # nothing trained
+
+
+def test_due_every_n_steps_and_at_saves_only_for_keep_best(tmp_path):
+    model = loop.model_config("tiny", {**TINY_MODEL, **MODEL})
+    cfg = periodic_eval.RetrievalEvalConfig(tatoeba_dir=DEMO_TATOEBA, every=3)
+    plain = periodic_eval.PeriodicRetrieval(cfg, model, str(tmp_path), SPM, None, ())
+    ranked = periodic_eval.PeriodicRetrieval(cfg, model, str(tmp_path), SPM, None, (),
+                                             at_saves=True)
+    saves = {2, 4, 6}
+    assert [s for s in range(1, 8) if plain.due(s, s in saves)] == [3, 6]
+    assert [s for s in range(1, 8) if ranked.due(s, s in saves)] == [2, 3, 4, 6]
+    spm_copy = os.path.join(plain._dir, md.SPM_NAME)
+    assert os.path.isfile(spm_copy)
+    plain.close()
+    assert not os.path.exists(spm_copy)  # its local directory is removed
+
+
+def test_retrieval_config_subset_and_errors(tmp_path):
+    with pytest.raises(ValueError, match="tatoeba_dir is not set"):
+        periodic_eval.RetrievalEvalConfig()
+    with pytest.raises(ValueError, match="every=0 is invalid"):
+        periodic_eval.RetrievalEvalConfig(tatoeba_dir=DEMO_TATOEBA, every=0)
+    cfg = periodic_eval.RetrievalEvalConfig(tatoeba_dir=DEMO_TATOEBA, layers=[2, 0])
+    assert cfg.metric_names(2) == ["retrieval/acc1", "retrieval/layer", "retrieval/acc1_layer0",
+                                   "retrieval/acc1_layer2", "retrieval/seconds"]
+    with pytest.raises(ValueError, match="no files for language"):
+        periodic_eval.PeriodicRetrieval(
+            periodic_eval.RetrievalEvalConfig(tatoeba_dir=DEMO_TATOEBA, languages=["xx"]),
+            loop.model_config("tiny", {**TINY_MODEL, **MODEL}), str(tmp_path), SPM, None, ())
+
+
