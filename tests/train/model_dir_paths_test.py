@@ -47,6 +47,12 @@ def _http(method: str, url: str, body: dict | None = None) -> dict:
         return json.loads(r.read() or b"{}")
 
 
+def _epath_tf_decision_cache_clear() -> None:
+    from etils.epath import gpath  # private: the cache of `_GPath._backend`'s TF check
+
+    gpath._is_tf_installed.cache_clear()
+
+
 @pytest.fixture(scope="module")
 def gcs(tmp_path_factory):
     """The emulator's URL, with one bucket, and the environment that sends gcsfs, tensorstore
@@ -91,8 +97,13 @@ def gcs(tmp_path_factory):
             env.setenv("TENSORSTORE_GCS_HTTP_URL", url)  # orbax's arrays
             env.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")  # tensorstore: no credentials
             env.setenv("EPATH_USE_TF", "false")  # see the module docstring
+            # epath decides "TensorFlow or not" once per process (a functools.cache read at
+            # the first path it builds, local ones included); in the suite an earlier test of
+            # this worker has made that decision already.
+            _epath_tf_decision_cache_clear()
             yield url
         finally:
+            _epath_tf_decision_cache_clear()
             proc.terminate()
             try:
                 proc.wait(timeout=10)

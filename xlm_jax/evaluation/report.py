@@ -20,11 +20,11 @@ import os
 import sys
 
 import numpy as np
+from etils import epath
 
-from xlm_jax import model_dir as md
 from xlm_jax.evaluation.retrieval import RetrievalResult
 
-METRICS_FILE = md.METRICS_FILE
+METRICS_FILE = "metrics.jsonl"  # xlm_jax.model_dir.METRICS_FILE (not imported: it needs jax)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,7 @@ class LossCurve:
 def find_metrics_files(model_dir: str) -> list[str]:
     """`model_dir/metrics.jsonl`, else the per-run `metrics.<time>.jsonl` files the trainer
     writes where it cannot append (object stores), oldest first."""
-    root = md.resolve(model_dir)  # local or gs://
+    root = epath.Path(model_dir)  # local or gs://, as xlm_jax.model_dir.resolve gives
     path = os.fspath(root / METRICS_FILE)
     if (root / METRICS_FILE).is_file():
         return [path]
@@ -60,7 +60,7 @@ def read_loss_curves(paths: str | list[str]) -> list[LossCurve]:
     """
     series: dict[tuple[str, str], dict[int, float]] = {}
     for path in [paths] if isinstance(paths, str) else paths:
-        if not md.resolve(path).is_file():
+        if not epath.Path(path).is_file():
             raise FileNotFoundError(f"{path}: metrics log not found")
         _read_metrics_file(path, series)
     curves = []
@@ -72,7 +72,7 @@ def read_loss_curves(paths: str | list[str]) -> list[LossCurve]:
 
 
 def _read_metrics_file(path: str, series: dict[tuple[str, str], dict[int, float]]) -> None:
-    with md.resolve(path).open("r", encoding="utf-8") as f:
+    with epath.Path(path).open("r", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
