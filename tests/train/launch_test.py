@@ -315,14 +315,6 @@ def test_tpu_vm_setup_and_logs_on_a_local_stand_in_worker(tmp_path):
         record.unlink()
 
 
-def _gone(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return "\nState:\tZ" in f.read()  # killed, not yet reaped
-    except FileNotFoundError:
-        return True
-
-
 def test_tpu_vm_run_and_stop_on_a_local_stand_in_worker(tmp_path):
     """Without DRY_RUN: run starts the trainer on the worker with the flags intact, records
     ITS pid and lets ssh return; stop kills exactly that process."""
