@@ -7,78 +7,71 @@ and --process_id. CPU processes use gloo collectives.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
-from absl import flags
-
-FLAGS = flags.FLAGS
-flags.DEFINE_multi_string("gin_file", [], "gin files (repeatable), searched in --gin_search_paths, "
-                          "the working directory and gin_configs/")
-flags.DEFINE_multi_string("gin_bindings", [], "extra gin bindings, e.g. 'TRAIN_STEPS = 100'")
-flags.DEFINE_list("gin_search_paths", [], "extra directories to look for gin files in")
-flags.DEFINE_string("model_dir", None, "where checkpoints, metrics and configs go")
-flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (multi-process only)")
-flags.DEFINE_integer("num_processes", None, "number of processes (multi-process only)")
-flags.DEFINE_integer("process_id", None, "this process's index (multi-process only)")
-flags.DEFINE_float("initialization_timeout", 300, "seconds a process waits to reach the "
-                   "jax.distributed coordinator, and then for all processes to join (multi-process "
-                   "only)")
+# One flags style for every CLI of the library: argparse, `--name=value` or `--name value`,
+# repeatable flags appended, `--gin.NAME=VALUE` rewritten to a binding before parsing.
+HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
 
 
-def init_distributed(coordinator: str | None, num_processes: int | None,
-                     process_id: int | None) -> None:
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m xlm_jax.train", description=__doc__, allow_abbrev=False,
+        epilog="--gin.NAME=VALUE is short for --gin_bindings='NAME = VALUE'.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gin_file", action="append", default=[],
+                   help="gin file (repeatable), searched in --gin_search_paths, the working "
+                        "directory and gin_configs/ (the repository's or the installed copy)")
+    p.add_argument("--gin_bindings", action="append", default=[],
+                   help="extra gin binding (repeatable), e.g. 'TRAIN_STEPS = 100'")
+    p.add_argument("--gin_search_paths", default="",
+                   help="comma-separated extra directories to look for gin files in")
+    p.add_argument("--model_dir", required=True,
+                   help="where checkpoints, metrics and configs go (local or gs://)")
+    p.add_argument("--coordinator_address", default=None,
+                   help="HOST:PORT of process 0 (multi-process launchers jax does not detect)")
+    p.add_argument("--num_processes", type=int, default=None,
+                   help="number of processes (multi-process only)")
+    p.add_argument("--process_id", type=int, default=None,
+                   help="this process's index (multi-process only)")
+    p.add_argument("--initialization_timeout", type=float, default=300,
+                   help="seconds a process waits to reach the jax.distributed coordinator, and "
+                        "then for all processes to join (multi-process only; default 300)")
+    return p
+
+
+def init_distributed(args: argparse.Namespace) -> None:
     """Explicit coordinator flags, else jax's cluster detection (SLURM, Open MPI, TPU VM, GKE)
     when the environment says more than one process, else single-process; see
     xlm_jax/train/distributed.py. The wait is --initialization_timeout."""
     from xlm_jax.train import distributed
 
-    distributed.initialize(coordinator, num_processes, process_id,
-                           timeout_s=FLAGS["initialization_timeout"].value)
-
-
-def _help_asked(args: Sequence[str]) -> str | None:
-    """'--help' or '--helpfull' when one of them is among the arguments, else None."""
-    for arg in args:
-        if arg in ("--help", "-h", "-help", "--helpshort"):
-            return "--help"
-        if arg == "--helpfull":
-            return "--helpfull"
-    return None
-
-
-def _print_help(full: bool) -> None:
-    """Usage (this module's docstring), then the trainer's flags (every flag with `full`)."""
-    print(__doc__.strip() + "\n")
-    print("--gin.NAME=VALUE is short for --gin_bindings='NAME = VALUE'.\n")
-    print(FLAGS.get_help() if full else FLAGS.module_help(__name__))
-    if not full:
-        print("\nTry --helpfull to get a list of all flags.")
+    distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
+                           timeout_s=args.initialization_timeout)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from xlm_jax.train import gin_utils
 
-    argv = gin_utils.rewrite_gin_args(list(sys.argv if argv is None else argv))
-    asked = _help_asked(argv[1:])
-    if asked:
-        _print_help(full=asked == "--helpfull")
+    argv = gin_utils.rewrite_gin_args(list(sys.argv if argv is None else argv))[1:]
+    parser = _parser()
+    if any(a in HELP_FLAGS for a in argv):
+        parser.print_help()
         return 0
     try:
-        FLAGS(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if not FLAGS.model_dir:
-        print("error: --model_dir is required", file=sys.stderr)
-        return 2
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse printed the usage and the error
+        return int(e.code or 0)
     try:
         # Parse gin before anything heavy: unknown bindings fail here, not after compiling.
         from xlm_jax.train import loop
 
-        gin_utils.parse(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
-        init_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-        result = loop.train(FLAGS.model_dir)
+        search = [d for d in args.gin_search_paths.split(",") if d]
+        gin_utils.parse(args.gin_file, args.gin_bindings, search)
+        init_distributed(args)
+        result = loop.train(args.model_dir)
     except (ValueError, OSError, FloatingPointError, KeyError, TypeError) as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         print(f"error: {type(e).__name__}: {' | '.join(lines)}", file=sys.stderr)
