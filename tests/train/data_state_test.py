@@ -6,6 +6,7 @@ to build), real orbax checkpoints, the real `loop.train`.
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 
@@ -81,6 +82,9 @@ def test_resume_restores_the_saved_positions_and_ends_bit_identical(straight, tm
     assert "restored the input position of mmlm, tlm" in log and "replaying" not in log
     assert resumed.losses == result.losses[3:]
     tiny_run.assert_trees_close(_params(tmp_path / "resumed", 6)[0], params, atol=0)
+    # the copy's log held steps 4-6 of the straight run; each step is logged once
+    rows = [json.loads(line) for line in open(tmp_path / "resumed" / "metrics.jsonl")]
+    assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
 
 
 def test_without_a_saved_position_the_stream_replays_to_the_same_end(straight, tmp_path):

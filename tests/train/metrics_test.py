@@ -133,3 +133,24 @@ def test_core_modules_do_not_load_tensorflow(tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
     assert list((tmp_path / "train").glob("events.out.tfevents.*"))
+
+
+def test_a_resumed_writer_drops_the_steps_after_its_checkpoint_once_each(tmp_path):
+    """A run killed at step 5 after its step-3 checkpoint logged steps 4-5; the resumed run
+    trains them again. Every step must be in metrics.jsonl and in TensorBoard once, with the
+    resumed run's values."""
+    with metrics.MetricsWriter(str(tmp_path), out=None) as w:
+        for step in range(1, 6):
+            w.write_scalars(step, {"loss": 10.0 + step})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write("not json\n")  # a line the reader cannot parse is kept, not lost
+    with metrics.MetricsWriter(str(tmp_path), out=None, resume_step=3) as w:
+        for step in range(4, 7):
+            w.write_scalars(step, {"loss": 20.0 + step})
+    lines = open(tmp_path / "metrics.jsonl").read().splitlines()
+    rows = [json.loads(line) for line in lines if line != "not json"]
+    assert [(r["step"], r["loss"]) for r in rows] == [(1, 11.0), (2, 12.0), (3, 13.0),
+                                                      (4, 24.0), (5, 25.0), (6, 26.0)]
+    assert "not json" in lines
+    assert _read_tb(tmp_path / "train")["loss"] == [(1, 11.0), (2, 12.0), (3, 13.0),
+                                                     (4, 24.0), (5, 25.0), (6, 26.0)]

@@ -357,7 +357,7 @@ def train(model_dir: str,
             out_shardings=(shardings, partitioning.replicated(device_mesh)),
             donate_argnums=(0,))
         eval_fn = jax.jit(step_lib.make_eval_step(objs))
-        writer = metrics_lib.MetricsWriter(model_dir, is_primary=is_primary)
+        writer = metrics_lib.MetricsWriter(model_dir, is_primary=is_primary, resume_step=start)
         progress = metrics_lib.Progress(train_steps, out=out, log_every=log_every,
                                         is_primary=is_primary, start_step=start)
         flops_per_token = flops_lib.mixture_flops_per_token(

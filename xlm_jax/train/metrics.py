@@ -102,13 +102,20 @@ class _GrowingFile:
 class _EventFile:
     """One TensorBoard event file (TFRecord of `Event` protos), written without TF."""
 
-    def __init__(self, logdir: epath.Path) -> None:
+    def __init__(self, logdir: epath.Path, purge_step: int | None = None) -> None:
         logdir.mkdir(parents=True, exist_ok=True)
         name = (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
                 f"{os.getpid()}.{next(_file_counter)}")
         self.path = logdir / name
         self._writer = RecordWriter(_GrowingFile(self.path))
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        if purge_step is not None:
+            # TensorBoard drops the events of earlier files at steps >= a SessionLog START's
+            # step (what tf.summary writers do on restart): the steps a killed run logged
+            # after its last checkpoint, which this run trains again.
+            self._write(event_pb2.Event(wall_time=time.time(), step=int(purge_step),
+                                        session_log=event_pb2.SessionLog(
+                                            status=event_pb2.SessionLog.START)))
 
     def _write(self, event: event_pb2.Event) -> None:
         self._writer.write(event.SerializeToString())
@@ -124,6 +131,26 @@ class _EventFile:
             self._writer.close()
 
 
+def _drop_rows_after(path: epath.Path, step: int) -> None:
+    """Rewrites the JSONL log at `path` without its rows of steps after `step` (other lines,
+    unreadable ones included, are kept as they are); nothing to do when there are none."""
+    if not path.exists():
+        return
+    lines = path.read_bytes().splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        try:
+            row_step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            row_step = None
+        if not isinstance(row_step, int) or row_step <= step:
+            kept.append(line)
+    if len(kept) < len(lines):
+        tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+        tmp.write_bytes(b"".join(kept))
+        tmp.replace(path)  # a kill mid-way leaves the old log whole
+
+
 class MetricsWriter:
     """Scalars -> TensorBoard events under model_dir/{prefix}/ and model_dir/metrics.jsonl.
 
@@ -133,10 +160,15 @@ class MetricsWriter:
     `Progress` instead.
     """
 
-    def __init__(self, model_dir: str, is_primary: bool = True, out: IO[str] = sys.stdout):
+    def __init__(self, model_dir: str, is_primary: bool = True, out: IO[str] = sys.stdout,
+                 resume_step: int | None = None):
+        """`resume_step`: the step a run starts (or resumes) at. The rows and events of later
+        steps, logged by an earlier process that was stopped before its next checkpoint, are
+        dropped (they are trained again), so every step is in the log once."""
         self.model_dir = str(model_dir)
         self.is_primary = bool(is_primary)
         self.out = out
+        self._purge_step = None if resume_step is None else int(resume_step) + 1
         self._events: dict[str, _EventFile] = {}
         self._jsonl: _GrowingFile | None = None
         self._closed = False
@@ -144,6 +176,8 @@ class MetricsWriter:
             self._root = md.resolve(self.model_dir)
             try:
                 self._root.mkdir(parents=True, exist_ok=True)
+                if resume_step is not None:
+                    _drop_rows_after(self._root / md.METRICS_FILE, int(resume_step))
                 self._jsonl = _GrowingFile(self._root / md.METRICS_FILE)  # a restart appends
             except OSError as e:
                 raise OSError(f"metrics: cannot write to model_dir {self.model_dir!r}: "
@@ -159,7 +193,7 @@ class MetricsWriter:
             raise ValueError(f"metrics: prefix {prefix!r} must be a plain directory name")
         values = {str(k): _to_float(str(k), v) for k, v in scalars.items()}
         if prefix not in self._events:
-            self._events[prefix] = _EventFile(self._root / prefix)
+            self._events[prefix] = _EventFile(self._root / prefix, self._purge_step)
         self._events[prefix].scalars(step, values)
         record = {"step": int(step), "split": prefix, **values}
         assert self._jsonl is not None
