@@ -26,6 +26,17 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 import pytest  # noqa: E402  (after the environment above)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `slow` (minutes each: base-size shapes, a whole demo, a wheel install) are
+    skipped unless XLM_JAX_SLOW_TESTS is set (`make test-slow` sets it and selects them)."""
+    if os.environ.get("XLM_JAX_SLOW_TESTS"):
+        return
+    skip = pytest.mark.skip(reason="slow; set XLM_JAX_SLOW_TESTS=1 (make test-slow)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def train_xlmr_spm():
     """`train(input_path, model_prefix, vocab_size, **extra) -> model path`: a small

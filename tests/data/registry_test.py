@@ -373,7 +373,6 @@ def test_demo_tasks_yield_examples_sample(demo):
 
 @needs_demo
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("XLM_JAX_SLOW_TESTS"), reason="XLM_JAX_SLOW_TESTS unset")
 def test_every_demo_task_yields_examples(demo):
     names = sorted({n for reg in demo.REGISTRATIONS.values() for n in reg.tasks.values()})
     for name in names:

@@ -139,8 +139,7 @@ def test_xlm_jax_config_shape_mismatch(hf_dir, tmp_path):
         xlm_jax.load_encoder(str(out))
 
 
-@pytest.mark.skipif(not os.environ.get("XLM_JAX_SLOW_TESTS"),
-                    reason="real base shapes take minutes; set XLM_JAX_SLOW_TESTS=1")
+@pytest.mark.slow  # real base shapes take minutes
 def test_real_base_shapes(tmp_path):
     model = _random_hf_model(vocab=250002, hidden=768, layers=12, heads=12, mlp=3072, max_pos=514)
     model.save_pretrained(tmp_path)

@@ -1,6 +1,7 @@
-"""SIGKILL at random points of a real CLI run (asynchronous saves, the users' default), five
-times, then a last start to the end: the final state equals the uninterrupted run's bit for
-bit, and metrics.jsonl holds every step once with the uninterrupted run's losses."""
+"""SIGKILL at random points of a real CLI run (asynchronous saves, the users' default, and
+dropout on), five times, then a last start to the end: the final state equals the
+uninterrupted run's bit for bit, and metrics.jsonl holds every step once with the
+uninterrupted run's losses."""
 import json
 import os
 import signal
@@ -14,8 +15,11 @@ from tests.testlib import cli_run
 
 STEPS = 20
 ARGS = ["--gin_file=demo/synthetic.gin",
-        "--gin.checkpoints.CheckpointConfig.async_save=True",
-        "--gin.checkpoints.CheckpointConfig.save_every_steps=4"]
+        "--gin.checkpoints.CheckpointConfig.async_save=True",  # with the donated state
+        "--gin.checkpoints.CheckpointConfig.save_every_steps=4",
+        # dropout on: its masks come from the step's key, so a resume must rebuild them
+        "--gin.loop.model_config.overrides={'vocab_size': 512, 'dropout_rate': 0.1, "
+        "'attention_dropout_rate': 0.1, 'num_layers': 2}"]
 KILLS = 5
 SEED = 20261124
 
