@@ -36,7 +36,7 @@ def train_tiny(model_dir: Any, steps: int, *, model: dict | None = None,
                objectives: dict | None = None, batch: int = 8, accum: int = 1,
                mesh: partitioning.MeshConfig | None = None, num_devices: int = 1,
                save_every: int = 1000, optimizer: optim.OptimizerConfig | None = None,
-               out: Any = None, keep: int = 5, **kw: Any) -> loop.TrainResult:
+               out: Any = None, keep: int = 5, async_save: bool = False, **kw: Any) -> loop.TrainResult:
     """`loop.train` of TINY_MODEL (updated by `model`) for `steps` steps at seq_len 32; the
     progress lines go to `out` (default: nowhere)."""
     return loop.train(
@@ -47,7 +47,7 @@ def train_tiny(model_dir: Any, steps: int, *, model: dict | None = None,
                                                      total_steps=20),
         mesh=mesh or partitioning.MeshConfig(data=-1), num_devices=num_devices,
         checkpoint=checkpoints.CheckpointConfig(save_every_steps=save_every, keep=keep,
-                                                async_save=False),
+                                                async_save=async_save),
         out=out or open(os.devnull, "w"), **{"log_every": 1, **kw})
 
 

@@ -26,10 +26,15 @@ def _final_params(model_dir):
 def test_eight_devices_match_single_device(tmp_path, embed_proj):
     # "tensor": the heads' d x d projection split over `tensor` too; it gave wrong gradients
     # while the model's activation constraints were inactive (legacy `with mesh:`).
+    # "replicated" runs as users do: dropout on (its masks are the same bits on any mesh:
+    # jax's partitionable threefry) and asynchronous saves of the donated state.
     overrides = [("embed_proj", "tensor")] if embed_proj == "tensor" else []
-    single = _train(tmp_path / "one", 5)
+    kw = {} if embed_proj == "tensor" else {
+        "model": {"dropout_rate": 0.1, "attention_dropout_rate": 0.1}, "async_save": True,
+        "save_every": 2}
+    single = _train(tmp_path / "one", 5, **kw)
     sharded = _train(tmp_path / "eight", 5, mesh=partitioning.MeshConfig(data=2, fsdp=2, tensor=2),
-                     num_devices=8, axis_rule_overrides=overrides)
+                     num_devices=8, axis_rule_overrides=overrides, **kw)
     assert len(single.losses) == 5 and single.losses[0] > 5.0
     np.testing.assert_allclose(sharded.losses, single.losses, atol=1e-5, rtol=0)
     _assert_trees_close(_final_params(tmp_path / "eight"), _final_params(tmp_path / "one"), 1e-5)
