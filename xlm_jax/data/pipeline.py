@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import weakref
-from typing import Iterator
 
 import numpy as np
 
@@ -85,7 +84,7 @@ class BatchIterator:
     """Numpy batches of a tf.data pipeline, with its position saveable (`save`/`restore`)."""
 
     def __init__(self, dataset, name: str) -> None:
-        self._dataset, self.name = dataset, name
+        self.name = name
         self._it = iter(dataset)
 
     def __iter__(self) -> "BatchIterator":

@@ -194,8 +194,8 @@ def _restored_state(ckpt: ckpt_lib.Checkpointer, step: int, abstract: Any, shard
     return flax.serialization.from_state_dict(target, restored), extra
 
 
-def _announce_resume(model_dir: str, start: int, seqio_tasks: Sequence[str], data_resume: str,
-                     out: Any, saved_processes: int) -> None:
+def _announce_resume(model_dir: str, start: int, seqio_tasks: Sequence[str], out: Any,
+                     saved_processes: int) -> None:
     print(f"resumed from {model_dir} step {start}", file=out, flush=True)
     if saved_processes != jax.process_count() and seqio_tasks:
         print(f"note: saved with {saved_processes} processes, resumed with "
@@ -341,7 +341,7 @@ def train(model_dir: str,
         else:
             state, extra = _restored_state(ckpt, latest, abstract, shardings)
             start = int(extra["step"])
-            _announce_resume(model_dir, start, seqio_tasks, data_resume, out,
+            _announce_resume(model_dir, start, seqio_tasks, out,
                              extra.get("process_count", jax.process_count()))
 
         tasks = {name: (f"{data_lib.SYNTHETIC}{o.objective.kind}" if force_synthetic else spec.task)
