@@ -41,8 +41,13 @@ def test_eight_devices_match_single_device(tmp_path, embed_proj):
 
 
 def test_gradient_accumulation_equals_big_batch(tmp_path):
-    big = _train(tmp_path / "big", 3, batch=16)
-    acc = _train(tmp_path / "acc", 3, batch=16, accum=4)
+    # As users run: dropout on (each row's masks are drawn from its index in the step's global
+    # batch, so 4 microbatches draw the big batch's masks) and asynchronous saves of the
+    # donated state. Drawing the masks from the microbatch's key instead fails at step 1.
+    kw = {"model": {"dropout_rate": 0.1, "attention_dropout_rate": 0.1}, "async_save": True,
+          "save_every": 2}
+    big = _train(tmp_path / "big", 3, batch=16, **kw)
+    acc = _train(tmp_path / "acc", 3, batch=16, accum=4, **kw)
     np.testing.assert_allclose(acc.losses, big.losses, atol=1e-5, rtol=0)
     _assert_trees_close(_final_params(tmp_path / "acc"), _final_params(tmp_path / "big"), 1e-5)
 

@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xlm_jax.models import common
+
 logger = logging.getLogger(__name__)
 
 VALID_BACKENDS: tuple[str, ...] = ("xla", "cudnn")
@@ -104,6 +106,7 @@ def reference_attention(
     dropout_rng: jax.Array | None = None,
     deterministic: bool = True,
     precision: jax.lax.PrecisionLike = None,
+    dropout_row_ids: jax.Array | None = None,
 ) -> jax.Array:
     """Softmax(q·kᵀ/√Dh + bias, masked) · v with einsums; the oracle for all backends.
 
@@ -122,6 +125,8 @@ def reference_attention(
       dropout_rng: PRNG key for dropout; required when dropout is active.
       deterministic: True disables dropout (evaluation).
       precision: optional matmul precision for the two einsums.
+      dropout_row_ids: optional ``[B]`` ints: row b's dropout mask is drawn from
+        ``fold_in(dropout_rng, dropout_row_ids[b])`` (``common.keep_mask``).
 
     Returns:
       ``[B, Tq, H, Dv]`` in q's dtype.
@@ -149,7 +154,7 @@ def reference_attention(
                 "dropout_rng"
             )
         keep_prob = 1.0 - dropout_rate
-        keep = jax.random.bernoulli(dropout_rng, keep_prob, probs.shape)
+        keep = common.keep_mask(dropout_rng, keep_prob, probs.shape, dropout_row_ids)
         probs = jnp.where(keep, probs / jnp.asarray(keep_prob, acc), jnp.zeros((), acc))
     out = jnp.einsum(
         "bhqk,bkhd->bqhd",
@@ -244,6 +249,7 @@ def dot_product_attention(
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
     deterministic: bool = True,
+    dropout_row_ids: jax.Array | None = None,
 ) -> jax.Array:
     """Scaled dot-product attention, ``[B, Tq, H, Dh]`` in q's dtype; the library's one entry.
 
@@ -277,4 +283,5 @@ def dot_product_attention(
         dropout_rate=dropout_rate,
         dropout_rng=dropout_rng,
         deterministic=deterministic,
+        dropout_row_ids=dropout_row_ids,
     )

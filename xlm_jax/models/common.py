@@ -1,11 +1,13 @@
 """Small building blocks shared by the encoder and the heads: initialisers carrying logical
-axis names, activation sharding constraints, the XLM-R LayerNorm, and the exact GELU."""
+axis names, activation sharding constraints, the XLM-R LayerNorm, the exact GELU, and
+dropout whose masks can be drawn per row."""
 from __future__ import annotations
 
 from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from xlm_jax.models.config import ModelConfig
 
@@ -48,3 +50,40 @@ def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
         epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
         scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
         bias_init=zeros_init(("embed",)), name=name)
+
+
+def keep_mask(rng: jax.Array, keep_prob: float, shape: tuple[int, ...],
+              row_ids: jax.Array | None = None) -> jax.Array:
+    """Bernoulli(`keep_prob`) booleans of `shape`.
+
+    Without `row_ids` one draw of the whole shape from `rng` (what `nn.Dropout` draws). With
+    `row_ids` ([shape[0]] ints) row b is drawn from `fold_in(rng, row_ids[b])`, so a row's mask
+    depends on its id and not on the other rows of the array: the trainer passes each row's
+    index in the step's global batch, and gradient accumulation then draws for a microbatch
+    exactly the masks its rows get in the whole batch.
+    """
+    if row_ids is None:
+        return jax.random.bernoulli(rng, keep_prob, shape)
+    if row_ids.shape != shape[:1]:
+        raise ValueError(f"row_ids of shape {row_ids.shape} for an array of shape {shape}: "
+                         "one id per row (leading axis) is needed")
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(rng, row_ids)
+    return jax.vmap(lambda k: jax.random.bernoulli(k, keep_prob, shape[1:]))(keys)
+
+
+class Dropout(nn.Module):
+    """`nn.Dropout` (same rng stream, same bits without `row_ids`) with optional per-row
+    masks (`keep_mask`)."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool,
+                 row_ids: jax.Array | None = None) -> jax.Array:
+        if deterministic or self.rate == 0.0:
+            return x
+        if self.rate == 1.0:
+            return jnp.zeros_like(x)
+        keep_prob = 1.0 - self.rate
+        keep = keep_mask(self.make_rng("dropout"), keep_prob, x.shape, row_ids)
+        return jax.lax.select(keep, x / keep_prob, jnp.zeros_like(x))

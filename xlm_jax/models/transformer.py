@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from xlm_jax.models import attention as attention_lib
 from xlm_jax.models.common import ACTIVATION, ACTIVATION_HEADS, ACTIVATION_MLP
-from xlm_jax.models.common import constrain, gelu, layer_norm
+from xlm_jax.models.common import Dropout, constrain, gelu, layer_norm
 from xlm_jax.models.common import normal_init as _init
 from xlm_jax.models.common import zeros_init as _zeros
 from xlm_jax.models import heads as heads_lib
@@ -80,7 +80,7 @@ class Embeddings(nn.Module):
                     else _init(cfg, ("languages", "embed")))
             self.lang_embeddings = embed(cfg.num_languages, cfg.hidden_size, embedding_init=init)
         self.LayerNorm = layer_norm(cfg, "LayerNorm")
-        self.dropout = nn.Dropout(cfg.dropout_rate)
+        self.dropout = Dropout(cfg.dropout_rate)
 
     def _lookup(self, table: nn.Embed, rows: str, ids: Array) -> Array:
         """`table(ids)` (what `nn.Embed.__call__` computes) with the table's `embed` shards
@@ -101,7 +101,7 @@ class Embeddings(nn.Module):
 
     def __call__(self, input_ids: Array, positions: Array, valid: Array,
                  token_type_ids: Array | None, lang_ids: Array | None,
-                 deterministic: bool) -> Array:
+                 deterministic: bool, row_ids: Array | None = None) -> Array:
         cfg = self.config
         x = self._lookup(self.word_embeddings, "vocab", input_ids)
         if cfg.position_type in ("absolute", "both"):
@@ -116,7 +116,7 @@ class Embeddings(nn.Module):
                                  f"{cfg.num_languages}) but no lang_ids were given")
             x = x + self._lookup(self.lang_embeddings, "languages", lang_ids)
         x = self.LayerNorm(x)
-        x = self.dropout(x, deterministic=deterministic)
+        x = self.dropout(x, deterministic=deterministic, row_ids=row_ids)
         return constrain(x, ACTIVATION)
 
 
@@ -159,10 +159,12 @@ class MultiHeadAttention(nn.Module):
     def __call__(self, x: Array, kv_input: Array, mask: Array | None,
                  relative_table: Array | None, deterministic: bool,
                  cache: "LayerCache | None" = None,
-                 cache_index: Array | None = None) -> Array | tuple[Array, "LayerCache"]:
+                 cache_index: Array | None = None,
+                 row_ids: Array | None = None) -> Array | tuple[Array, "LayerCache"]:
         """With `cache` (incremental decoding), `x` holds the new position(s): their keys and
         values are written into the cache at `cache_index`, attention reads the whole cache
-        (`mask` hides the positions not written yet), and the updated cache is returned too."""
+        (`mask` hides the positions not written yet), and the updated cache is returned too.
+        `row_ids`: per-row dropout masks (`common.keep_mask`)."""
         cfg = self.config
         proj = functools.partial(
             Projection, cfg, (cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"),
@@ -190,7 +192,7 @@ class MultiHeadAttention(nn.Module):
         out = attention_lib.dot_product_attention(
             q, k, v, bias=bias, mask=mask, backend=cfg.attention_backend,
             dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng,
-            deterministic=deterministic)
+            dropout_row_ids=row_ids, deterministic=deterministic)
         out = Projection(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), ("embed",),
                          contract=2, name="out")(out)
         out = constrain(out, ACTIVATION)
@@ -218,39 +220,42 @@ class EncoderLayer(nn.Module):
 
     config: ModelConfig
 
-    def _sublayer(self, x: Array, fn: Any, norm: nn.Module, drop: nn.Dropout,
-                  deterministic: bool) -> Array:
+    def _sublayer(self, x: Array, fn: Any, norm: nn.Module, drop: Dropout,
+                  deterministic: bool, row_ids: Array | None) -> Array:
         if self.config.ln_style == "pre":
-            return x + drop(fn(norm(x)), deterministic=deterministic)
-        return norm(x + drop(fn(x), deterministic=deterministic))
+            return x + drop(fn(norm(x)), deterministic=deterministic, row_ids=row_ids)
+        return norm(x + drop(fn(x), deterministic=deterministic, row_ids=row_ids))
 
     @nn.compact
     def __call__(self, x: Array, mask: Array | None, relative_table: Array | None,
                  deterministic: bool, encoder_states: Array | None = None,
                  cross_mask: Array | None = None, cache: "LayerCache | None" = None,
-                 cache_index: Array | None = None) -> Array | tuple[Array, "LayerCache"]:
+                 cache_index: Array | None = None, row_ids: Array | None = None
+                 ) -> Array | tuple[Array, "LayerCache"]:
         cfg = self.config
-        drop = nn.Dropout(cfg.dropout_rate)
+        # Named as flax names an `nn.Dropout` here, so the dropout keys (and bits) are unchanged.
+        drop = Dropout(cfg.dropout_rate, name="Dropout_0")
         gated = cfg.position_type in ("relative", "both")
         attn = MultiHeadAttention(cfg, gated_bias=gated, name="attention")
         new_cache = []
 
         def self_attention(h: Array) -> Array:
             if cache is None:
-                return attn(h, h, mask, relative_table, deterministic)
+                return attn(h, h, mask, relative_table, deterministic, row_ids=row_ids)
             out, updated = attn(h, h, mask, relative_table, deterministic, cache, cache_index)
             new_cache.append(updated)
             return out
 
         x = self._sublayer(x, self_attention, layer_norm(cfg, "attention_norm"), drop,
-                           deterministic)
+                           deterministic, row_ids)
         if cfg.cross_attention:
             cross = MultiHeadAttention(cfg, name="cross_attention")
             cross_norm = layer_norm(cfg, "cross_attention_norm")
             if encoder_states is not None:
                 x = self._sublayer(
-                    x, lambda h: cross(h, encoder_states, cross_mask, None, deterministic),
-                    cross_norm, drop, deterministic)
+                    x, lambda h: cross(h, encoder_states, cross_mask, None, deterministic,
+                                       row_ids=row_ids),
+                    cross_norm, drop, deterministic, row_ids)
             elif self.is_initializing():
                 # Create the cross-attention parameters even when initialising encoder-only.
                 cross(x, x, None, None, True)
@@ -258,7 +263,7 @@ class EncoderLayer(nn.Module):
         elif encoder_states is not None:
             raise ValueError("encoder_states given but the config has cross_attention=False")
         mlp = MlpBlock(cfg, name="mlp")
-        x = self._sublayer(x, mlp, layer_norm(cfg, "mlp_norm"), drop, deterministic)
+        x = self._sublayer(x, mlp, layer_norm(cfg, "mlp_norm"), drop, deterministic, row_ids)
         return x if cache is None else (x, new_cache[0])
 
 
@@ -307,7 +312,8 @@ class Transformer(nn.Module):
                attention_mask: Array | None = None, segment_ids: Array | None = None,
                token_type_ids: Array | None = None, lang_ids: Array | None = None,
                encoder_states: Array | None = None, cross_mask: Array | None = None,
-               deterministic: bool = True, return_hidden_states: bool = False) -> EncoderOutput:
+               deterministic: bool = True, return_hidden_states: bool = False,
+               row_ids: Array | None = None) -> EncoderOutput:
         """Runs the stack.
 
         Args:
@@ -321,6 +327,11 @@ class Transformer(nn.Module):
           encoder_states, cross_mask: VECO cross-attention memory [B, S, D] and bool [B,1,T,S].
           deterministic: disables dropout.
           return_hidden_states: also return every layer's output.
+          row_ids: [B] ints; when given, every dropout mask of row b is drawn from a key folded
+            with row_ids[b] (`common.keep_mask`), so a row's masks do not depend on the rest of
+            its batch. The train step passes each row's index in the step's global batch
+            (`objectives.base.ROW_IDS`): gradient accumulation then equals the whole batch
+            with dropout on.
         """
         cfg = self.config
         seq_len = input_ids.shape[-1]
@@ -334,11 +345,13 @@ class Transformer(nn.Module):
         if attention_mask is None:
             attention_mask = (masks_lib.segment_mask(segment_ids) if segment_ids is not None
                               else masks_lib.padding_mask(valid))
-        x = self.embeddings(input_ids, positions, valid, token_type_ids, lang_ids, deterministic)
+        x = self.embeddings(input_ids, positions, valid, token_type_ids, lang_ids, deterministic,
+                            row_ids)
         tables = self._relative_tables(positions, positions)
         hidden = [x]
         for i, layer in enumerate(self.layers):
-            x = layer(x, attention_mask, tables[i], deterministic, encoder_states, cross_mask)
+            x = layer(x, attention_mask, tables[i], deterministic, encoder_states, cross_mask,
+                      row_ids=row_ids)
             hidden.append(x)
         if cfg.ln_style == "pre":
             x = self.final_norm(x)

@@ -65,6 +65,11 @@ class LossOutput:
 
 ENCODER = "encoder"  # params["encoder"]: the shared Transformer
 OBJECTIVES = "objectives"  # params["objectives"][module name]: objective-owned modules
+# The train step adds ROW_IDS to every prepared batch: [rows] int32, each row's index in the
+# step's global batch of its objective. Objectives hand it to the encoder (`mlm.encoder_kwargs`
+# does) so that dropout masks are drawn per row and gradient accumulation equals the whole
+# batch with dropout on (`models.common.keep_mask`).
+ROW_IDS = "row_ids"
 
 
 def check_kind(owner: str, kind: str, allowed: Sequence[str] = KINDS) -> str:

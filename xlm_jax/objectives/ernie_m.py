@@ -52,7 +52,7 @@ import jax.numpy as jnp
 from xlm_jax.data.features import EOS_ID, language_index
 from xlm_jax.models import masks as masks_lib
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import Batch, LossOutput, Objective
+from xlm_jax.objectives.base import ROW_IDS, Batch, LossOutput, Objective
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens, regular_token_logits
 from xlm_jax.objectives.mlm import masked_lm_sums
 
@@ -107,7 +107,7 @@ def _encode_logits(model: Transformer, enc_params: Any, ids: jax.Array, features
     def forward(mdl: Transformer) -> jax.Array:
         h = mdl.encode(ids, positions=features["positions"], attention_mask=mask,
                        segment_ids=features["segment_ids"], lang_ids=features["lang_ids"],
-                       deterministic=deterministic)
+                       deterministic=deterministic, row_ids=features.get(ROW_IDS))
         return mdl.mlm_logits(h.last_hidden_state, positions)
 
     return model.apply({"params": enc_params}, rngs={"dropout": rng}, method=forward)

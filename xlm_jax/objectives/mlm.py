@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import Batch, LossOutput, Objective, check_kind
+from xlm_jax.objectives.base import ROW_IDS, Batch, LossOutput, Objective, check_kind
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
 
 
@@ -27,10 +27,21 @@ def masked_lm_sums(logits: jax.Array, target_ids: jax.Array,
 
 
 def encoder_kwargs(batch: Batch, use_lang_ids: bool = True) -> dict[str, Any]:
-    """Model inputs that a data batch may carry (packing, positions, language ids); without
-    `use_lang_ids` the batch's `lang_ids` are left out (a model without a language table)."""
-    keys = ("positions", "segment_ids", "token_type_ids") + (("lang_ids",) if use_lang_ids else ())
+    """Model inputs that a data batch may carry (packing, positions, language ids, the train
+    step's row ids for per-row dropout); without `use_lang_ids` the batch's `lang_ids` are
+    left out (a model without a language table)."""
+    keys = ("positions", "segment_ids", "token_type_ids", ROW_IDS) + (
+        ("lang_ids",) if use_lang_ids else ())
     return {k: batch[k] for k in keys if k in batch}
+
+
+def side_rows(batch: Batch, prefix: str) -> Batch:
+    """The features of one row of a two-row example (`prefix` stripped, e.g. "x_") with the
+    step's row ids, which carry no prefix (both rows of an example share one id)."""
+    rows = {k[len(prefix):]: v for k, v in batch.items() if k.startswith(prefix)}
+    if ROW_IDS in batch:
+        rows[ROW_IDS] = batch[ROW_IDS]
+    return rows
 
 
 class MaskedLM(Objective):

@@ -44,7 +44,7 @@ import numpy as np
 
 from xlm_jax.models import masks as masks_lib
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import ENCODER, OBJECTIVES, Batch, LossOutput, Objective
+from xlm_jax.objectives.base import ENCODER, OBJECTIVES, ROW_IDS, Batch, LossOutput, Objective
 
 SHARED = ("embeddings", "mlm_head")  # the decoder reads these from the encoder
 TAKE = ("last", "first")
@@ -230,7 +230,7 @@ class Translation(Objective):
             {"params": self.encoder_params(params)}, prepared["x_input_ids"],
             positions=prepared["x_positions"], segment_ids=prepared["x_segment_ids"],
             lang_ids=prepared["x_lang_ids"], deterministic=deterministic,
-            rngs={"dropout": rng if rng is not None else jax.random.PRNGKey(0)},
+            row_ids=prepared.get(ROW_IDS), rngs={"dropout": rng if rng is not None else jax.random.PRNGKey(0)},
             method=Transformer.encode).last_hidden_state
 
     def decoder_logits(self, params: Any, prepared: Batch, memory: jax.Array,
@@ -245,7 +245,8 @@ class Translation(Objective):
             h = mdl.encode(y["input_ids"], positions=y["positions"], attention_mask=self_mask,
                            segment_ids=y["segment_ids"], lang_ids=y["lang_ids"],
                            encoder_states=memory, cross_mask=cross,
-                           deterministic=deterministic).last_hidden_state
+                           deterministic=deterministic,
+                           row_ids=prepared.get(ROW_IDS)).last_hidden_state
             return mdl.full_mlm_logits(h)
 
         return self.decoder.apply({"params": self.decoder_params(params)},

@@ -42,7 +42,7 @@ from xlm_jax.models import masks as masks_lib
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import Batch, LossOutput, Objective
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
-from xlm_jax.objectives.mlm import encoder_kwargs, masked_lm_sums
+from xlm_jax.objectives.mlm import encoder_kwargs, masked_lm_sums, side_rows
 
 SIDES = ("x", "y")
 TERMS = ("is_x", "is_y", "cs_xy", "cs_yx")  # IS(x), IS(y), CS(x -> y), CS(y -> x)
@@ -59,8 +59,7 @@ def side_inputs(batch: Mapping[str, jax.Array], side: str, use_lang_ids: bool
                 ) -> dict[str, jax.Array]:
     """The encoder's keyword inputs of one row (`x_` or `y_` features, prefix stripped)."""
     prefix = f"{side}_"
-    return encoder_kwargs({k[len(prefix):]: v for k, v in batch.items() if k.startswith(prefix)},
-                          use_lang_ids)
+    return encoder_kwargs(side_rows(batch, prefix), use_lang_ids)
 
 
 def causal_self_mask(batch: Mapping[str, jax.Array], side: str) -> jax.Array:

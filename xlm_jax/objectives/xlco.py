@@ -41,7 +41,7 @@ from xlm_jax.models import heads as heads_lib
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import ENCODER, OBJECTIVES, Batch, LossOutput, Objective, check_kind
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
-from xlm_jax.objectives.mlm import encoder_kwargs
+from xlm_jax.objectives.mlm import encoder_kwargs, side_rows
 
 KINDS = ("mixup", "veco")  # query_/key_ rows (mixup) or x_/y_ rows (a sentence, its translation)
 QUEUE_AXES = ("queue", "embed_proj")  # logical names of the queue
@@ -182,7 +182,7 @@ class XLCo(Objective):
         """[B, P] sentence vectors of the `prefix` rows: pooled layer `layer`, projected (and
         L2-normalised with `normalize`). `params` is the train state's tree or the key
         encoder's (the same layout, restricted to what XLCo reads)."""
-        rows = {k[len(prefix):]: v for k, v in prepared.items() if k.startswith(prefix)}
+        rows = side_rows(prepared, prefix)
         kwargs = encoder_kwargs(rows, self.use_lang_ids)
 
         def forward(mdl: Transformer) -> jax.Array:

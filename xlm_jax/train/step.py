@@ -20,7 +20,7 @@ import optax
 
 from xlm_jax.convert import hf
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import ENCODER, OBJECTIVES, Batch, Objective
+from xlm_jax.objectives.base import ENCODER, OBJECTIVES, ROW_IDS, Batch, Objective
 from xlm_jax.train import optim as optim_lib
 from xlm_jax.train import partitioning
 
@@ -122,6 +122,14 @@ def _split_micro(tree: Any, accum: int) -> Any:
     return jax.tree_util.tree_map(split, tree)
 
 
+def _with_row_ids(prepared: Batch) -> Batch:
+    """`prepared` with ROW_IDS: each row's index in this step's global batch, so that
+    dropout masks are drawn per row (`models.common.keep_mask`) and a microbatch draws the
+    masks its rows get in the whole batch."""
+    rows = jax.tree_util.tree_leaves(prepared)[0].shape[0]
+    return {**prepared, ROW_IDS: jnp.arange(rows, dtype=jnp.int32)}
+
+
 LOSS_NORMALIZATIONS = ("per_objective", "pooled")
 
 
@@ -159,7 +167,7 @@ def make_train_step(objectives: Sequence[WeightedObjective],
         prepared, denoms, loss_rngs = {}, {}, {}
         for i, o in indexed:
             prep_rng, loss_rngs[o.name] = jax.random.split(jax.random.fold_in(step_rng, i))
-            prepared[o.name] = o.objective.prepare(batches[o.name], prep_rng)
+            prepared[o.name] = _with_row_ids(o.objective.prepare(batches[o.name], prep_rng))
             denoms[o.name] = jnp.maximum(o.objective.denominator(prepared[o.name]), 1.0)
         if normalization == "pooled":
             pooled = sum(denoms.values())
@@ -167,12 +175,14 @@ def make_train_step(objectives: Sequence[WeightedObjective],
         else:
             scale = denoms
 
-        def micro_loss(params: Any, micro: Mapping[str, Batch], index: Array):
+        def micro_loss(params: Any, micro: Mapping[str, Batch]):
+            # Every microbatch gets the step's loss key: the loss's randomness is dropout, drawn
+            # per row from ROW_IDS (the rows' global indices), so microbatch i draws the masks
+            # its rows get in the whole batch (per-row sampling keys come from `prepare`).
             total = 0.0
             sums, inputs = {}, {}
             for o in ran:
-                out = o.objective.loss(params, micro[o.name],
-                                       jax.random.fold_in(loss_rngs[o.name], index),
+                out = o.objective.loss(params, micro[o.name], loss_rngs[o.name],
                                        state.obj_state[o.name])
                 total = total + o.weight * out.loss_sum / scale[o.name]
                 sums[o.name] = out.metrics
@@ -181,23 +191,22 @@ def make_train_step(objectives: Sequence[WeightedObjective],
 
         grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
         if accum_steps == 1:
-            (loss, (sums, inputs)), grads = grad_fn(state.params, prepared, jnp.int32(0))
+            (loss, (sums, inputs)), grads = grad_fn(state.params, prepared)
         else:
             micro = _split_micro(prepared, accum_steps)
 
             def body(carry, xs):
                 g_acc, l_acc, s_acc = carry
-                (l, (s, ins)), g = grad_fn(state.params, xs[0], xs[1])
+                (l, (s, ins)), g = grad_fn(state.params, xs)
                 add = lambda a, b: jax.tree_util.tree_map(jnp.add, a, b)  # noqa: E731
                 return (add(g_acc, g), l_acc + l, add(s_acc, s)), ins
 
             zeros_g = jax.tree_util.tree_map(jnp.zeros_like, state.params)
             zeros_s = jax.eval_shape(lambda: grad_fn(state.params, jax.tree_util.tree_map(
-                lambda x: x[0], micro), jnp.int32(0))[0][1][0])
+                lambda x: x[0], micro))[0][1][0])
             zeros_s = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), zeros_s)
             (grads, loss, sums), stacked = jax.lax.scan(
-                body, (zeros_g, jnp.zeros((), jnp.float32), zeros_s),
-                (micro, jnp.arange(accum_steps, dtype=jnp.int32)))
+                body, (zeros_g, jnp.zeros((), jnp.float32), zeros_s), micro)
             # [accum, rows/accum, ...] -> [rows, ...]: microbatch i holds rows i*m..(i+1)*m-1
             inputs = jax.tree_util.tree_map(
                 lambda x: x.reshape((-1,) + x.shape[2:]), stacked)
