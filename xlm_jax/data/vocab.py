@@ -204,6 +204,41 @@ class XLMRTokenizer:
         ids = self._sp.encode(text, out_type=int)
         return spm_to_fairseq(np.asarray(ids, dtype=np.int64)).tolist()
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Tokenizes `text` like `encode` and gives each piece's [start, end) CHARACTER span in
+        `text`, for extractive QA (mapping predicted tokens back to the original string).
+
+        SentencePiece's per-piece `begin`/`end` are UTF-8 BYTE offsets into the ORIGINAL
+        (un-normalised) text; they are turned into character offsets here. A piece's surface
+        includes the whitespace its "▁" stands for (all of it: "a  b" gives "▁b" = "  b"), so
+        leading and trailing whitespace is cut from every span: spans cover only the word's
+        characters, and a lone "▁" piece gets the empty span (k, k) at the start k of the word
+        that follows. Pieces that normalisation created from nothing (NFKC "½" -> "1⁄2") may
+        also have empty spans; spans never overlap and are non-decreasing.
+        """
+        if not isinstance(text, str):
+            raise TypeError(
+                f"XLMRTokenizer.encode_with_offsets expects str, got {type(text).__name__}"
+            )
+        try:  # sentencepiece 0.2.0-0.2.1: a protobuf-free view of the result
+            proto = self._sp.encode(text, out_type="immutable_proto")
+        except ValueError:  # newer releases dropped it for 'proto' (parsed with protobuf)
+            proto = self._sp.encode(text, out_type="proto")
+        pieces = list(proto.pieces)
+        ids = spm_to_fairseq(np.asarray([p.id for p in pieces], dtype=np.int64)).tolist()
+        # byte offset -> character offset: a character starts at every non-continuation byte.
+        raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        byte_to_char = np.append(np.cumsum((raw & 0xC0) != 0x80) - 1, len(text))
+        spans = []
+        for p in pieces:
+            start, end = int(byte_to_char[p.begin]), int(byte_to_char[p.end])
+            while start < end and text[start].isspace():
+                start += 1
+            while end > start and text[end - 1].isspace():
+                end -= 1
+            spans.append((start, end))
+        return ids, spans
+
     def decode(self, ids: Iterable[int]) -> str:
         """Detokenizes fairseq ids to text, skipping every special id (like HF
         `decode(skip_special_tokens=True)`, which also drops `<unk>`)."""
