@@ -9,19 +9,41 @@ speed; `resume_plan(..., "reseed")` trades exactness for an O(1) restart (see th
 - `synthetic:KIND` (KIND = mono|pair|veco|mixup): the global batch is a function of
   (seed, step) only and each process takes its rows, so any process/device layout sees the same
   global batch. Needs no TensorFlow.
+- `memory:NAME`: a TF-free stream registered in this process with `register_memory_stream`
+  (fine-tuning sets read from local files, `xlm_jax.finetune`): like synthetic streams, the
+  global batch is a function of (seed, step) and each process takes its rows, so a resume
+  rebuilds it at its step at once.
 - anything else is a registered seqio task or mixture; process p of P reads shard p of P with
   global_batch / P rows (seqio/TensorFlow imported lazily).
 """
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
 SYNTHETIC = "synthetic:"
+MEMORY = "memory:"
+# name -> batches(global_batch, seq_len, seed, start_step) -> iterator of global batches
+MemoryBatches = Callable[[int, int, int, int], Iterator[dict[str, np.ndarray]]]
+_MEMORY_STREAMS: dict[str, MemoryBatches] = {}
+
+
+def register_memory_stream(name: str, batches: MemoryBatches) -> str:
+    """Registers a stream of global batches computed in this process and returns the task
+    name (`memory:NAME`) an `ObjectiveSpec` reads it by. `batches(global_batch, seq_len, seed,
+    start_step)` must yield the global batches of steps start_step, start_step + 1, ... as a
+    function of (seed, step) only; re-registering a name replaces it."""
+    _MEMORY_STREAMS[name] = batches
+    return MEMORY + name
+
+
+def is_seqio(task: str) -> bool:
+    """Whether `task` names a seqio task or mixture (not a synthetic or in-memory stream)."""
+    return not task.startswith((SYNTHETIC, MEMORY))
 DATA_RESUME_MODES = ("checkpoint", "replay", "reseed")
 
 
@@ -62,7 +84,7 @@ def _seqio_members(tasks: Sequence[str]) -> Iterator[tuple[Any, str]]:
     """(seqio Task, how to name it) for every Task of the tasks/mixtures in `tasks`; synthetic
     streams have none. A mixture's Task is named "TASK (in MIXTURE)"."""
     for task in tasks:
-        if task.startswith(SYNTHETIC):
+        if not is_seqio(task):
             continue
         from xlm_jax.data import registry
 
@@ -155,6 +177,13 @@ def make_stream(task: str, global_batch: int, seq_len: int, seed: int, start_ste
         kind = task[len(SYNTHETIC):]
         full = synthetic_batches(global_batch, seq_len, vocab_size, kind=kind, seed=seed,
                                  num_languages=num_languages, start_step=start_step)
+        return ({k: v[p * local:(p + 1) * local] for k, v in b.items()} for b in full)
+    if task.startswith(MEMORY):
+        name = task[len(MEMORY):]
+        if name not in _MEMORY_STREAMS:
+            raise ValueError(f"no in-memory stream {name!r} is registered in this process "
+                             f"(registered: {sorted(_MEMORY_STREAMS) or 'none'})")
+        full = _MEMORY_STREAMS[name](global_batch, seq_len, seed, start_step)
         return ({k: v[p * local:(p + 1) * local] for k, v in b.items()} for b in full)
     from xlm_jax.data.pipeline import make_batch_iterator
 

@@ -303,7 +303,7 @@ def train(model_dir: str,
         data_lib.import_modules(task_modules)
     # the seqio tasks/mixtures the run reads (none when every stream is synthetic)
     seqio_tasks = [] if force_synthetic else [
-        spec.task for spec in objectives.values() if not spec.task.startswith(data_lib.SYNTHETIC)]
+        spec.task for spec in objectives.values() if data_lib.is_seqio(spec.task)]
     languages = _check_tasks(model, seqio_tasks)
     periodic_eval.check_keep_best(checkpoint, retrieval, model)
 
@@ -476,7 +476,7 @@ def _make_streams(tasks: Mapping[str, str], shapes: Mapping[str, mixture.Shape],
         else:
             stream_seed, position = data_lib.resume_plan(here.seed, shape.runs_before(start),
                                                          data_resume)
-            if position and not task.startswith(data_lib.SYNTHETIC):
+            if position and data_lib.is_seqio(task):
                 replayed.append(name)
         streams[name] = data_lib.make_stream(
             task, shape.batch_size, shape.seq_len, stream_seed, position, model.vocab_size,
@@ -485,8 +485,7 @@ def _make_streams(tasks: Mapping[str, str], shapes: Mapping[str, mixture.Shape],
             streams[name].restore(path)
         built[name] = dataclasses.replace(here, seed=stream_seed)
     if start:
-        restored = [n for n in tasks if n not in replayed and not tasks[n].startswith(
-            data_lib.SYNTHETIC)]
+        restored = [n for n in tasks if n not in replayed and data_lib.is_seqio(tasks[n])]
         if restored:
             print(f"restored the input position of {', '.join(restored)}", file=out, flush=True)
         if replayed:

@@ -16,6 +16,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from xlm_jax.convert import hf
@@ -276,7 +277,9 @@ def load_pretrained_params(params: Any, pretrained: Any, source: str,
         key = jax.tree_util.keystr(path)
         if key not in flat_pre:
             return value
-        new = flat_pre[key]
+        # On the host: the loaded array may be committed to one device while `value` is
+        # sharded over the run's mesh, and jax refuses to combine the two.
+        new = np.asarray(flat_pre[key])
         if (vocab_size and key in vocab_keys and new.shape[1:] == value.shape[1:]
                 and min(new.shape[0], value.shape[0]) >= vocab_size):
             return jnp.asarray(value).at[:vocab_size].set(jnp.asarray(new[:vocab_size], value.dtype))

@@ -1,0 +1,124 @@
+"""What a fine-tuning task is: its data (an XTREME-layout folder read from local files), its
+kind (classification, tagging, QA), its labels and metric, and the cross-lingual setting.
+
+Settings (XTREME, and the four papers' tables):
+- "zero_shot": fine-tune on English (`train_languages=("en",)`), test on every language;
+- "translate_train_all": fine-tune on the training files of every language the folder has
+  (English and the machine-translated ones), test on every language.
+Model selection reads the dev sets: English only (`select_on="en"`, the papers' default) or
+every language's (`select_on="all"`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gin
+
+from xlm_jax.evaluation import xtreme_readers as readers
+
+KINDS = ("classification", "tagging", "qa")
+SETTINGS = ("zero_shot", "translate_train_all")
+METRICS = {"classification": ("accuracy",), "tagging": ("f1", "accuracy"), "qa": ("f1", "exact_match")}
+SELECT_ON = ("en", "all")
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class FinetuneTask:
+    """One task's data and scoring; validated on creation (a ValueError names the field)."""
+
+    # The XTREME task whose folder layout and format `data_dir` holds: xnli, pawsx, panx,
+    # udpos, xquad, mlqa, tydiqa (see xlm_jax.evaluation.xtreme_readers).
+    xtreme_task: str = gin.REQUIRED
+    # The XTREME download folder (it holds `xnli/`, `pawsx/`, `panx/`, ...), or one written
+    # in its layout.
+    data_dir: str = gin.REQUIRED
+    kind: str = "classification"
+    # Label strings in index order; empty = the sorted labels of the training files.
+    labels: tuple[str, ...] = ()
+    # Classification: accuracy; tagging: span "f1" (seqeval, NER) or token "accuracy" (POS);
+    # QA: "f1" or "exact_match" (SQuAD v1.1's evaluation).
+    metric: str = "accuracy"
+    setting: str = "zero_shot"
+    # Training languages in the zero-shot setting; translate_train_all reads every language's.
+    train_languages: tuple[str, ...] = ("en",)
+    # Languages scored on dev and test; empty = every language the test split has.
+    eval_languages: tuple[str, ...] = ()
+    select_on: str = "en"
+    max_length: int = 128
+    # QA only: window stride and question length (HF run_squad's defaults).
+    doc_stride: int = 128
+    max_query_length: int = 64
+    # The XTREME tasks whose train / dev splits are read, when not `xtreme_task`'s own (QA
+    # trains on SQuAD v1.1, "squad", and selects on its dev set; XQuAD has only a test split).
+    train_task: str = ""
+    dev_task: str = ""
+    # Splits as the folder names them.
+    train_split: str = "train"
+    dev_split: str = "dev"
+    test_split: str = "test"
+
+    def __post_init__(self) -> None:
+        for field, value, valid in (("kind", self.kind, KINDS), ("setting", self.setting, SETTINGS),
+                                    ("select_on", self.select_on, SELECT_ON)):
+            if value not in valid:
+                raise ValueError(f"FinetuneTask.{field}={value!r}: expected one of "
+                                 f"{', '.join(valid)}")
+        if self.metric not in METRICS[self.kind]:
+            raise ValueError(f"FinetuneTask.metric={self.metric!r} does not score a {self.kind} "
+                             f"task; expected one of {', '.join(METRICS[self.kind])}")
+        if self.max_length < 8:
+            raise ValueError(f"FinetuneTask.max_length={self.max_length} must be >= 8")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskData:
+    """The examples of a task by split and language, and its label list."""
+
+    train: dict[str, list[Any]]
+    dev: dict[str, list[Any]]
+    test: dict[str, list[Any]]
+    labels: tuple[str, ...]
+
+
+def _labels(split: str, where: str, examples: Sequence[Any]) -> list[str]:
+    """The label strings of labelled examples; unlabelled ones (XTREME's hidden test labels)
+    are an error: a split that is scored needs its labels."""
+    if any((e.labels if hasattr(e, "labels") else getattr(e, "label", "")) is None
+           for e in examples):
+        raise ValueError(f"{where}: the {split} examples have no labels (XTREME's test files "
+                         "hide them); point FinetuneTask.test_split/dev_split at a labelled "
+                         "split")
+    return sorted(readers.label_set(e for e in examples if not hasattr(e, "answers")))
+
+
+def load(task: FinetuneTask) -> TaskData:
+    """Reads the train/dev/test files the task's setting needs, checks that the evaluation
+    labels are ones training saw, and fixes the label list."""
+    train_langs = None if task.setting == "translate_train_all" else list(task.train_languages)
+    train_task, dev_task = task.train_task or task.xtreme_task, task.dev_task or task.xtreme_task
+    train = readers.read_task(task.data_dir, train_task, task.train_split, train_langs)
+    test = readers.read_task(task.data_dir, task.xtreme_task, task.test_split,
+                             list(task.eval_languages) or None)
+    eval_langs = list(task.eval_languages) or sorted(test)
+    dev_langs = ["en"] if task.select_on == "en" else eval_langs
+    dev = readers.read_task(task.data_dir, dev_task, task.dev_split, dev_langs)
+    where = f"{task.data_dir} ({train_task} {task.train_split})"
+    train_all = [e for rows in train.values() for e in rows]
+    labels = tuple(task.labels) or tuple(_labels("train", where, train_all))
+    if task.kind != "qa":
+        readers.check_label_sets(labels, _labels("train", where, train_all), "the task's labels",
+                                 where)
+    for split, data in (("dev", dev), ("test", test)):
+        for lang, rows in data.items():
+            name = f"{task.data_dir} ({dev_task if split == 'dev' else task.xtreme_task} "
+            name += f"{split}, {lang})"
+            readers.check_label_sets(labels, _labels(split, name, rows), where, name)
+    return TaskData(train=train, dev=dev, test=test, labels=labels)
+
+
+def split_languages(data: Mapping[str, list[Any]]) -> list[str]:
+    """English first, then the others sorted (the papers' column order)."""
+    return sorted(data, key=lambda lang: (lang != "en", lang))
