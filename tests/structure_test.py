@@ -374,5 +374,13 @@ def test_cycle_finder_is_not_recursive():
     assert len(strongly_connected_components(chain)) == n + 1
 
 
+def test_test_file_names_are_unique():
+    """The test folders have no `__init__.py`, so pytest imports each test file by its bare
+    name: two files of one name in different folders stop the whole collection ("import file
+    mismatch"), which only the full suite shows."""
+    names = collections.Counter(p.name for p in (REPO / "tests").rglob("*_test.py"))
+    assert not [n for n, c in names.items() if c > 1], sorted(n for n, c in names.items() if c > 1)
+
+
 if __name__ == "__main__":  # pragma: no cover  (prints the cycles of the current tree)
     print("\n".join(import_cycles(import_graph(package_sources()))) or "no import cycles")
