@@ -245,3 +245,41 @@ def test_bad_inputs_name_what_is_wrong(tmp_path, pretrained):
         tasks_lib.FinetuneTask(**base, metric="f1")
     with pytest.raises(ValueError, match=r"FinetuneTask.setting='few_shot'"):
         tasks_lib.FinetuneTask(**base, setting="few_shot")
+
+
+def test_translate_train_all_reads_every_languages_training_file(tmp_path):
+    data = _data(tmp_path)
+    zero = tasks_lib.load(tasks_lib.FinetuneTask(data_dir=data, xtreme_task="xnli"))
+    every = tasks_lib.load(tasks_lib.FinetuneTask(data_dir=data, xtreme_task="xnli",
+                                                  setting="translate_train_all"))
+    assert list(zero.train) == ["en"] and sorted(every.train) == ["de", "en"]
+    assert every.train["de"][0].sentence1 == open(
+        os.path.join(data, "xnli", "train-de.tsv"), encoding="utf-8").readline().split("\t")[0]
+    assert list(zero.dev) == ["en"]  # selection on English dev
+    all_dev = tasks_lib.load(tasks_lib.FinetuneTask(data_dir=data, xtreme_task="xnli",
+                                                    select_on="all"))
+    assert sorted(all_dev.dev) == ["de", "en"]
+
+
+def test_mlqa_files_are_scored_with_mlqa_normalisation():
+    """A Spanish gold answer "el perro" and the predicted span "perro": SQuAD's normalisation
+    keeps the Spanish article (exact match 0), MLQA's drops it (100)."""
+    from xlm_jax.data.vocab import XLMRTokenizer
+    from xlm_jax.evaluation.xtreme_readers import Answer, QAExample
+    from xlm_jax.finetune import evaluate as ev
+    from xlm_jax.finetune import qa
+
+    context = "Ayer vi el perro en la calle."
+    ex = QAExample("q1", "¿Qué viste?", context, (Answer("el perro", 8),), "es")
+    f = qa.featurize([ex], XLMRTokenizer(SPM), max_length=48, doc_stride=16,
+                     max_query_length=12, training=False)
+    spans = f.context_spans[0]
+    begin = context.index("perro")
+    first = int(np.flatnonzero(spans[:, 0] == begin)[0])
+    last = int(np.flatnonzero(spans[:, 1] == begin + len("perro"))[0])
+    start = np.full(f.input_ids.shape, -5.0)
+    end = np.full(f.input_ids.shape, -5.0)
+    start[0, first], end[0, last] = 5.0, 5.0
+    rows = feats.Rows({"input_ids": f.input_ids}, qa_features=f)
+    assert ev.score_qa((start, end), rows, [ex], "exact_match") == 0.0
+    assert ev.score_qa((start, end), rows, [ex], "exact_match", lang="es") == 100.0

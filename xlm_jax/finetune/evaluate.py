@@ -3,8 +3,7 @@
 A checkpoint is the trainer's (`{seed_dir}/checkpoints/STEP`); its parameters are the
 encoder and the task head (`params["objectives"]`), read with orbax. Metrics are those of
 `xlm_jax.evaluation.metrics` (0-100): accuracy, seqeval span F1 (NER), token accuracy (POS),
-SQuAD v1.1 F1 / exact match (QA; MLQA's per-language normalisation is the `metrics mlqa`
-CLI's, not used here).
+SQuAD v1.1 F1 / exact match (QA; MLQA's test sets with MLQA's per-language normalisation).
 """
 from __future__ import annotations
 
@@ -83,8 +82,10 @@ def score_tagging(logits: np.ndarray, rows: feats.Rows, sentences: Sequence[Any]
 
 
 def score_qa(logits: tuple[np.ndarray, np.ndarray], rows: feats.Rows, examples: Sequence[Any],
-             metric: str) -> float:
-    """SQuAD v1.1 F1 or exact match (%) of the n-best decoded spans (`finetune.qa.decode`)."""
+             metric: str, lang: str | None = None) -> float:
+    """F1 or exact match (%) of the n-best decoded spans (`finetune.qa.decode`): SQuAD v1.1's
+    normalisation, or MLQA's for language `lang` when given (XTREME scores MLQA with MLQA's
+    script, the other QA sets with SQuAD's)."""
     from xlm_jax.finetune import qa
 
     start, end = logits
@@ -93,4 +94,6 @@ def score_qa(logits: tuple[np.ndarray, np.ndarray], rows: feats.Rows, examples: 
         {"id": ex.id, "question": ex.question,
          "answers": [{"text": a.text, "answer_start": a.start} for a in ex.answers]}]}]}
         for ex in examples]
+    if lang is not None:
+        return float(squad_lib.mlqa_evaluate(dataset, preds, lang)[metric])
     return float(squad_lib.squad_evaluate(dataset, preds)[metric])

@@ -48,6 +48,7 @@ class Featurised:
 
     rows: dict[str, feats.Rows]
     examples: dict[str, list[Any]]
+    mlqa: bool = False  # scored with MLQA's normalisation (MLQA's own files)
 
 
 def _objective_factory(task: tasks_lib.FinetuneTask, num_labels: int):
@@ -59,7 +60,8 @@ def _objective_factory(task: tasks_lib.FinetuneTask, num_labels: int):
 
 
 def featurise(task: tasks_lib.FinetuneTask, examples: dict[str, list[Any]], tokenizer: Any,
-              labels: Sequence[str], lang_id: Any, training: bool) -> Featurised:
+              labels: Sequence[str], lang_id: Any, training: bool, mlqa: bool = False
+              ) -> Featurised:
     """Rows of every language's examples; `lang_id(lang)` is the lang_ids value (None for a
     model without language embeddings)."""
     rows = {}
@@ -81,7 +83,7 @@ def featurise(task: tasks_lib.FinetuneTask, examples: dict[str, list[Any]], toke
                 arrays["lang_ids"] = np.where(f.input_ids != tokenizer.pad_id, lang_id(lang),
                                               0).astype(np.int32)
             rows[lang] = feats.Rows(arrays, qa_features=f)
-    return Featurised(rows=rows, examples=examples)
+    return Featurised(rows=rows, examples=examples, mlqa=mlqa)
 
 
 def _concat(rows: Sequence[feats.Rows]) -> dict[str, np.ndarray]:
@@ -101,7 +103,8 @@ def score(task: tasks_lib.FinetuneTask, objective: Any, params: Any, split: Feat
         elif task.kind == "tagging":
             out[lang] = ev.score_tagging(logits, rows, exs, labels, task.metric)
         else:
-            out[lang] = ev.score_qa(logits, rows, exs, task.metric)
+            out[lang] = ev.score_qa(logits, rows, exs, task.metric,
+                                    lang if split.mlqa else None)
     return out
 
 
@@ -162,8 +165,10 @@ def finetune(model_dir: str, *, init_from: str = gin.REQUIRED,
         lambda lang: None)
     labels = data.labels
     train = featurise(task, data.train, tok, labels, lang_id, training=True)
-    dev = featurise(task, data.dev, tok, labels, lang_id, training=False)
-    test = featurise(task, data.test, tok, labels, lang_id, training=False)
+    dev = featurise(task, data.dev, tok, labels, lang_id, training=False,
+                    mlqa=(task.dev_task or task.xtreme_task) == "mlqa")
+    test = featurise(task, data.test, tok, labels, lang_id, training=False,
+                     mlqa=task.xtreme_task == "mlqa")
     train_arrays = _concat([train.rows[lang] for lang in tasks_lib.split_languages(train.rows)])
     cfg = dataclasses.replace(encoder.config, dropout_rate=dropout_rate,
                               attention_dropout_rate=dropout_rate)
