@@ -18,6 +18,11 @@ POSITION_TYPES = ("absolute", "relative", "both")
 LN_STYLES = ("post", "pre")
 LANGUAGE_INITS = ("normal", "zeros")
 ATTENTION_BACKENDS = ("xla", "cudnn")
+# What each layer keeps for the backward pass (`jax.checkpoint` around every EncoderLayer):
+# "none" keeps everything (no recomputation); "full" keeps only the layer's inputs and
+# recomputes the rest; "dots_saveable" keeps the matmul outputs (jax.checkpoint_policies)
+# and recomputes the element-wise work (norms, GELU, softmax, dropout masks).
+REMAT_POLICIES = ("none", "full", "dots_saveable")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -52,6 +57,7 @@ class ModelConfig:
     share_relative_table: bool = True  # one bucket table for all layers (else one per layer)
     cross_attention: bool = False  # VECO: every layer also owns a cross-attention block
     attention_backend: str = "xla"  # "xla" (reference) or "cudnn" (GPU fused, falls back with a log)
+    remat: str = "none"  # per-layer rematerialisation: none | full | dots_saveable (above)
     dtype: str = "float32"  # compute dtype of activations: float32 | bfloat16 | float16
     param_dtype: str = "float32"  # storage dtype of parameters (keep fp32 for training)
     initializer_range: float = 0.02  # stddev of the normal initialiser (BERT/XLM-R)
@@ -85,6 +91,7 @@ class ModelConfig:
         for field, valid in (("ln_style", LN_STYLES), ("position_type", POSITION_TYPES),
                              ("language_init", LANGUAGE_INITS),
                              ("attention_backend", ATTENTION_BACKENDS),
+                             ("remat", REMAT_POLICIES),
                              ("dtype", tuple(DTYPES)), ("param_dtype", tuple(DTYPES))):
             if getattr(self, field) not in valid:
                 raise bad(field, getattr(self, field), f"must be one of {', '.join(valid)}")

@@ -267,6 +267,16 @@ class EncoderLayer(nn.Module):
         return x if cache is None else (x, new_cache[0])
 
 
+def _layer_class(remat: str) -> Any:
+    """EncoderLayer, or it under `jax.checkpoint` with the policy `remat` names
+    (`config.REMAT_POLICIES`); the parameters keep their names and values, so checkpoints
+    load either way. `deterministic` (argument 4, counting self) is static."""
+    if remat == "none":
+        return EncoderLayer
+    policy = None if remat == "full" else getattr(jax.checkpoint_policies, remat)
+    return nn.remat(EncoderLayer, policy=policy, static_argnums=(4,))
+
+
 @flax.struct.dataclass
 class LayerCache:
     """One layer's self-attention keys and values for incremental decoding, [N, L, H, dh]."""
@@ -296,7 +306,8 @@ class Transformer(nn.Module):
                 self.rel_pos = table()
             else:
                 self.rel_pos_layers = [table(name=f"rel_pos_{i}") for i in range(cfg.num_layers)]
-        self.layers = [EncoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+        self.layers = [_layer_class(cfg.remat)(cfg, name=f"layers_{i}")
+                       for i in range(cfg.num_layers)]
         if cfg.ln_style == "pre":
             self.final_norm = layer_norm(cfg, "final_norm")
         if self.with_mlm_head:
