@@ -2,6 +2,7 @@
 assignment, link extraction on hand-made matrices, the word pooling against a manual mean of
 `Encoder.hidden_states`, and the CLI end to end on a tiny random model."""
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -220,3 +221,192 @@ def test_cli_bad_inputs(model_dir, tmp_path, capsys):  # noqa: F811
     assert "layer=7 out of range" in _error(capsys, base[:-4] + ["--layer", "7"] + base[-2:])
     assert f"{tmp_path / 'nope'}: sentence file not found" in _error(
         capsys, base[:5] + [str(tmp_path / "nope")] + base[6:])
+
+
+# ----------------------------------------------------------------------------- xlmalign method
+
+def _kernel_loop(s, iters):
+    """Independent reference: columns then rows divided by their sums, entry by entry."""
+    s = [list(map(float, row)) for row in s]
+    n, m = len(s), len(s[0])
+    pi = xi = s
+    for _ in range(iters):
+        col = [sum(pi[i][j] for i in range(n)) for j in range(m)]
+        xi = [[pi[i][j] / col[j] for j in range(m)] for i in range(n)]
+        pi = [[xi[i][j] / sum(xi[i]) for j in range(m)] for i in range(n)]
+    return np.array(pi), np.array(xi)
+
+
+def test_kernel_sinkhorn_by_hand_and_against_a_loop():
+    s = np.array([[1.0, 2.0, 1.0], [3.0, 2.0, 1.0]])
+    pi, xi = wa.kernel_sinkhorn(s)  # 2 iterations, columns first
+    # Worked by hand: xi1 = [[1/4, 1/2, 1/2], [3/4, 1/2, 1/2]], pi1 = [[1/5, 2/5, 2/5],
+    # [3/7, 2/7, 2/7]]; column sums 22/35, 24/35, 24/35 give xi2 (row sums 49/33, 50/33),
+    # then its rows give pi2.
+    np.testing.assert_allclose(xi, [[7 / 22, 7 / 12, 7 / 12], [15 / 22, 5 / 12, 5 / 12]])
+    np.testing.assert_allclose(pi, [[3 / 14, 11 / 28, 11 / 28], [9 / 20, 11 / 40, 11 / 40]])
+    np.testing.assert_allclose(pi.sum(axis=1), 1.0)
+    rows_first = s / s.sum(axis=1, keepdims=True)
+    rows_first = rows_first / rows_first.sum(axis=0, keepdims=True)
+    assert not np.allclose(wa.kernel_sinkhorn(s, 1)[1], rows_first)  # the order matters
+    # Entries <= 0 stay in the kernel (the released `fill_` on a copy changes nothing).
+    pi1, xi1 = wa.kernel_sinkhorn(np.array([[1.0, -1.0], [2.0, 3.0]]), num_iters=1)
+    np.testing.assert_allclose(xi1, [[1 / 3, -1 / 2], [2 / 3, 3 / 2]])
+    np.testing.assert_allclose(pi1, [[-2.0, 3.0], [4 / 13, 9 / 13]])
+    assert all(np.array_equal(m, s) for m in wa.kernel_sinkhorn(s, 0))
+    rng = np.random.default_rng(7)
+    r = rng.uniform(0.1, 5.0, size=(4, 7))
+    for iters in (1, 2, 5):
+        for got, want in zip(wa.kernel_sinkhorn(r, iters), _kernel_loop(r, iters)):
+            np.testing.assert_allclose(got, want, rtol=1e-12)
+    with pytest.raises(ValueError, match="non-empty"):
+        wa.kernel_sinkhorn(np.ones((0, 3)))
+
+
+def test_mutual_links_take_rows_and_columns_from_their_own_matrices():
+    rows = np.array([[0.1, 0.9], [0.8, 0.2]])  # rows pick columns 1, 0; columns rows 1, 0
+    cols = np.array([[0.9, 0.9], [0.1, 0.1]])  # rows pick columns 0, 0 (ties); columns rows 0, 0
+    assert wa.mutual_links(rows, cols) == [(0, 1)]
+    assert wa.mutual_links(rows, rows) == [(0, 1), (1, 0)]
+    assert wa.mutual_links(cols, rows) == [(1, 0)]
+
+
+def test_subword_links_lift_to_distinct_word_links():
+    # Source: word 0 in two pieces, word 1 in one; target: two one-piece words. Both pieces of
+    # word 0 link to target word 0 -> a single word link.
+    src_of, tgt_of = [0, 0, 1], [0, 1]
+    assert wa.lift_links([(0, 0), (1, 0), (2, 1)], src_of, tgt_of) == [(0, 0), (1, 1)]
+    assert wa.lift_links([], src_of, tgt_of) == []
+    # Through the whole method: a similarity where pieces 0 and 1 both prefer target piece 0.
+    sim = np.array([[5.0, 1.0, 1.0, 1.0],
+                    [1.0, 5.0, 1.0, 1.0],
+                    [1.0, 1.0, 1.0, 5.0]])
+    assert wa.mutual_links(*wa.kernel_sinkhorn(sim)) == [(0, 0), (1, 1), (2, 3)]
+    assert wa.xlmalign_align(sim, [0, 0, 1], [0, 0, 1, 1]) == [(0, 0), (1, 1)]
+
+
+def test_joint_pieces_are_the_released_layout(spm_path):  # noqa: F811
+    import sentencepiece as spm
+
+    from xlm_jax.data.vocab import XLMRTokenizer
+
+    sp = spm.SentencePieceProcessor(model_file=spm_path)
+    src, tgt = ["unbelievably", "good"], ["a", "wonderful", "dog"]
+
+    def fairseq_ids(word):  # piece strings -> fairseq ids: SentencePiece id + 1
+        return [sp.piece_to_id(p) + 1 for p in sp.encode(word, out_type=str)]
+
+    s_ids, t_ids = [fairseq_ids(w) for w in src], [fairseq_ids(w) for w in tgt]
+    assert max(map(len, s_ids)) > 1  # a word in several pieces
+    want = [0] + sum(s_ids, []) + [2] + sum(t_ids, []) + [2]  # <s> src </s> tgt </s>
+    ids, src_of, tgt_of = wa.joint_pieces(XLMRTokenizer(spm_path), src, tgt)
+    assert ids == want
+    assert src_of == [w for w, p in enumerate(s_ids) for _ in p]
+    assert tgt_of == [w for w, p in enumerate(t_ids) for _ in p]
+
+
+def _hand_similarity(enc, src, tgt, layer, lang_ids=None):
+    """Independent path: one unpadded joint row through `hidden_states`, then dot products."""
+    tok = enc.tokenizer
+    s_ids = [i for w in src for i in tok.encode(w)]
+    t_ids = [i for w in tgt for i in tok.encode(w)]
+    ids = np.array([[tok.bos_id] + s_ids + [tok.eos_id] + t_ids + [tok.eos_id]], np.int32)
+    h = enc.hidden_states(ids, lang_ids=lang_ids)[layer, 0].astype(np.float64)
+    ns = len(s_ids)
+    return h[1:1 + ns] @ h[ns + 2:ns + 2 + len(t_ids)].T, ns, len(t_ids)
+
+
+def test_joint_similarities_against_hidden_states(encoder, lang_model):  # noqa: F811
+    from xlm_jax.data.features import language_index
+    from xlm_jax.encoder import Encoder, default_language_list
+
+    pairs = [(s.split(), t.split()) for s, t in zip(ENGLISH[:3], reversed(ENGLISH[3:6]))]
+    got = wa.joint_similarities(encoder, pairs, layer=1, batch_size=2)
+    for (sim, src_of, tgt_of), (src, tgt) in zip(got, pairs):
+        want, ns, nt = _hand_similarity(encoder, src, tgt, 1)
+        assert sim.shape == (ns, nt) == (len(src_of), len(tgt_of))
+        np.testing.assert_allclose(sim, want, rtol=1e-4, atol=1e-5)
+    cfg, params, spm = lang_model
+    enc = Encoder(cfg, params, spm)
+    src, tgt = pairs[0]
+    (sim, _, _), = wa.joint_similarities(enc, [(src, tgt)], 1, src_lang="de", tgt_lang="fr")
+    de, fr = (language_index(x, default_language_list()) for x in ("de", "fr"))
+    ns = sum(len(enc.tokenizer.encode(w)) for w in src)
+    nt = sum(len(enc.tokenizer.encode(w)) for w in tgt)
+    lang = np.array([[de] * (ns + 2) + [fr] * (nt + 1)])  # <s> src </s> | tgt </s>
+    np.testing.assert_allclose(sim, _hand_similarity(enc, src, tgt, 1, lang)[0], rtol=1e-4,
+                               atol=1e-5)
+    all_de = _hand_similarity(enc, src, tgt, 1, np.full(lang.shape, de))[0]
+    assert not np.allclose(sim, all_de, rtol=1e-4, atol=1e-5)
+
+
+PHARAOH = re.compile(r"^(\d+-\d+( \d+-\d+)*)?$")
+
+
+def test_cli_xlmalign_end_to_end(model_dir, encoder, tmp_path, capsys):  # noqa: F811
+    src_lines = ENGLISH[:5]
+    tgt_lines = [" ".join(reversed(s.split())) for s in ENGLISH[:5]]
+    src, tgt = tmp_path / "s.txt", tmp_path / "t.txt"
+    src.write_text("\n".join(src_lines) + "\n")
+    tgt.write_text("\n".join(tgt_lines) + "\n")
+    out = tmp_path / "out.pharaoh"
+    base = ["--checkpoint", model_dir, "--src", str(src), "--tgt", str(tgt), "--layer", "2",
+            "--out", str(out), "--method", "xlmalign"]
+    assert wa.main(base) == 0
+    lines = out.read_text().splitlines()
+    assert len(lines) == 5 and "5 sentence pairs" in capsys.readouterr().out
+    for line, s, t in zip(lines, src_lines, tgt_lines):
+        assert PHARAOH.match(line), line
+        links = [tuple(map(int, x.split("-"))) for x in line.split()]
+        assert links and all(0 <= i < len(s.split()) and 0 <= j < len(t.split())
+                             for i, j in links)
+        # Independently: hand-built joint row, numpy loop normalisation, mutual, lifted.
+        sim, _, _ = _hand_similarity(encoder, s.split(), t.split(), 2)
+        pi, xi = _kernel_loop(sim, 2)
+        s_of = [w for w, x in enumerate(s.split()) for _ in encoder.tokenizer.encode(x)]
+        t_of = [w for w, x in enumerate(t.split()) for _ in encoder.tokenizer.encode(x)]
+        want = {(s_of[i], t_of[j]) for i, j in enumerate(pi.argmax(axis=1))
+                if xi[:, j].argmax() == i}
+        assert links == sorted(want)
+    assert "error: --eps applies to --method sinkhorn only" == _error(capsys, base + ["--eps",
+                                                                                     "0.1"])
+    assert "--extraction" in _error(capsys, base + ["--extraction", "mutual"])
+    src.write_text("\n".join(src_lines[:2] + [" ".join(["word"] * 30)]) + "\n")
+    tgt.write_text("\n".join(tgt_lines[:3]) + "\n")  # 31 + 1 + 9 + ... tokens > 40
+    err = _error(capsys, base)
+    assert err.startswith(f"error: {src}:3 + {tgt}:3: ") and "more than max_length 40" in err
+
+
+def test_cli_xlmalign_identical_sentences_give_the_diagonal(spm_path, spm_dir, tmp_path,
+                                                            capsys):  # noqa: F811
+    """With no position embeddings a token and its copy in `<s> x </s> x </s>` get the same
+    states at every layer (attention is permutation-equivariant). The last layer's post-LN
+    states (scale 1) then have equal norms, so a token's largest dot product is with its copy
+    (if no piece repeats in the sentence), and a constant LN bias b adds D*b^2 >= D to every
+    dot product, keeping the kernel non-negative, as XLM-R's states keep theirs."""
+    import copy
+
+    from xlm_jax.convert import hf
+    from xlm_jax.data.vocab import XLMRTokenizer
+    from retrieval_test import _tiny_model
+
+    cfg, params = _tiny_model(spm_path)
+    params = copy.deepcopy(params)
+    params["embeddings"]["position_embeddings"]["embedding"][:] = 0.0
+    last = params[f"layers_{cfg.num_layers - 1}"]["mlp_norm"]
+    assert np.all(last["scale"] == 1.0)
+    last["bias"][:] = 1.0
+    model = tmp_path / "m"
+    hf.save_xlm_jax(str(model), cfg, params, spm_from=spm_dir)
+    tok = XLMRTokenizer(spm_path)
+    sents = [s for s in ENGLISH
+             if len({i for w in s.split() for i in tok.encode(w)})
+             == sum(len(tok.encode(w)) for w in s.split())]
+    assert len(sents) >= 3 and any(len(tok.encode(w)) > 1 for s in sents for w in s.split())
+    f = tmp_path / "s.txt"
+    f.write_text("\n".join(sents) + "\n")
+    out = tmp_path / "o.pharaoh"
+    assert wa.main(["--checkpoint", str(model), "--src", str(f), "--tgt", str(f), "--layer",
+                    str(cfg.num_layers), "--out", str(out), "--method", "xlmalign"]) == 0
+    want = [" ".join(f"{i}-{i}" for i in range(len(s.split()))) for s in sents]
+    assert out.read_text().splitlines() == want
