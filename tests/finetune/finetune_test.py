@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from testlib import cli_run
-from testlib.tiny_run import train_tiny
+from testlib.tiny_run import TINY_MODEL
 from xlm_jax.finetune import features as feats
 from xlm_jax.finetune import run
 from xlm_jax.finetune import tasks as tasks_lib
@@ -27,10 +27,24 @@ FILLER = ["heute", "gestern", "wohnt", "in", "und", "arbeitet", "oft", "gern", "
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
-    """A tiny random xlm_jax model_dir (1 step of MLM) with the demo SentencePiece model."""
-    path = tmp_path_factory.mktemp("pretrained")
-    train_tiny(path, 1, model={"vocab_size": 8002, "max_positions": 130}, spm_model=SPM)
-    return str(path)
+    """A tiny random xlm_jax model directory (what `convert import-hf` writes) with the demo
+    SentencePiece model; no training step to compile."""
+    import flax.linen
+    import jax
+
+    from xlm_jax.convert import hf
+    from xlm_jax.models.transformer import Transformer
+    from xlm_jax.train import loop
+
+    path = str(tmp_path_factory.mktemp("pretrained"))
+    cfg = loop.model_config("tiny", {**TINY_MODEL, "vocab_size": 8002, "max_positions": 130})
+    params = flax.linen.meta.unbox(
+        Transformer(cfg).init(jax.random.PRNGKey(0), np.ones((1, 8), np.int32))["params"])
+    hf.save_xlm_jax(path, cfg, params)
+    import shutil
+
+    shutil.copy(SPM, os.path.join(path, "sentencepiece.bpe.model"))
+    return path
 
 
 def _write(path, lines):
@@ -229,7 +243,7 @@ def test_bad_inputs_name_what_is_wrong(tmp_path, pretrained):
                                      f"--model_dir={tmp_path / 'x'}"])
     _, err = p.communicate(timeout=300)
     assert p.returncode == 1 and err.strip().count("\n") == 0
-    assert "finetune.init_step=7" in err and "checkpoints: [1]" in err
+    assert "finetune.init_step=7" in err and "checkpoints: none" in err
     # a test label training never saw
     with open(os.path.join(data, "xnli", "test-de.tsv"), "a", encoding="utf-8") as f:
         f.write("a\tb\tneutral\n")
