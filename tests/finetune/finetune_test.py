@@ -297,3 +297,27 @@ def test_mlqa_files_are_scored_with_mlqa_normalisation():
     rows = feats.Rows({"input_ids": f.input_ids}, qa_features=f)
     assert ev.score_qa((start, end), rows, [ex], "exact_match") == 0.0
     assert ev.score_qa((start, end), rows, [ex], "exact_match", lang="es") == 100.0
+
+
+@pytest.mark.parametrize("name", ["xnli", "pawsx", "panx", "udpos", "xquad", "mlqa",
+                                  "demo_pawsx"])
+def test_each_shipped_task_file_builds_a_valid_task(name):
+    """Each finetune gin file binds a FinetuneTask its own checks accept (kind, metric,
+    setting) and the run settings `finetune` reads."""
+    import gin
+
+    from xlm_jax.train import gin_utils
+
+    gin.clear_config()
+    try:
+        gin_utils.parse([f"finetune/{name}.gin"], ["XTREME_DIR = '/data/xtreme'"]
+                        if name != "demo_pawsx" else [])
+        task = gin.get_configurable(tasks_lib.FinetuneTask)()
+        steps = gin.query_parameter("run.finetune.train_steps")
+        seeds = gin.query_parameter("run.finetune.seeds")
+    finally:
+        gin.clear_config()
+    assert task.xtreme_task == {"demo_pawsx": "pawsx"}.get(name, name)
+    assert task.data_dir == ("tasks/demo_data" if name == "demo_pawsx" else "/data/xtreme") or (
+        name == "demo_pawsx" and task.data_dir.endswith(os.path.join("tasks", "demo_data")))
+    assert steps > 0 and len(seeds) == 3
