@@ -7,21 +7,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
+from xlm_jax.train import cli
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m xlm_jax.finetune", description=__doc__, allow_abbrev=False,
-        epilog="--gin.NAME=VALUE is short for --gin_bindings='NAME = VALUE'.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gin_file", action="append", default=[],
-                   help="gin file (repeatable), searched in --gin_search_paths, the working "
-                        "directory and gin_configs/")
-    p.add_argument("--gin_bindings", action="append", default=[],
-                   help="extra gin binding (repeatable), e.g. 'finetune.train_steps = 100'")
-    p.add_argument("--gin_search_paths", default="",
-                   help="comma-separated extra directories to look for gin files in")
+    p = cli.gin_parser("python -m xlm_jax.finetune", __doc__, "run.finetune.train_steps = 100")
     p.add_argument("--init_from", required=True,
                    help="the pre-trained model: an xlm_jax model_dir or an HF XLM-R directory")
     p.add_argument("--model_dir", required=True, help="where runs and results go")
@@ -29,26 +19,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from xlm_jax.train import gin_utils
-
-    argv = gin_utils.rewrite_gin_args(list(sys.argv if argv is None else argv))[1:]
-    parser = _parser()
-    if any(a in HELP_FLAGS for a in argv):
-        parser.print_help()
-        return 0
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
+    args = cli.parse_flags(_parser(), argv)
+    if isinstance(args, int):
+        return args
     try:
         from xlm_jax.finetune import run
 
-        search = [d for d in args.gin_search_paths.split(",") if d]
-        gin_utils.parse(args.gin_file, args.gin_bindings, search)
+        cli.parse_gin(args)
         results = run.finetune(args.model_dir, init_from=args.init_from)
-    except (ValueError, OSError, FloatingPointError, KeyError, TypeError) as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        print(f"error: {type(e).__name__}: {' | '.join(lines)}", file=sys.stderr)
+    except cli.CLI_ERRORS as e:
+        print(cli.error_line(e), file=sys.stderr)
         return 1
     gap = results["transfer_gap"]
     print(f"done: {results['metric']} average {results['average']:.1f}"

@@ -16,18 +16,60 @@ from collections.abc import Sequence
 HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
 
 
-def _parser() -> argparse.ArgumentParser:
+# The exceptions a gin CLI reports as one line (`error_line`) instead of a traceback.
+CLI_ERRORS = (ValueError, OSError, FloatingPointError, KeyError, TypeError)
+
+
+def gin_parser(prog: str, description: str, binding_example: str) -> argparse.ArgumentParser:
+    """An argparse parser with the gin flags every gin-configured CLI takes."""
     p = argparse.ArgumentParser(
-        prog="python -m xlm_jax.train", description=__doc__, allow_abbrev=False,
+        prog=prog, description=description, allow_abbrev=False,
         epilog="--gin.NAME=VALUE is short for --gin_bindings='NAME = VALUE'.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gin_file", action="append", default=[],
                    help="gin file (repeatable), searched in --gin_search_paths, the working "
                         "directory and gin_configs/ (the repository's or the installed copy)")
     p.add_argument("--gin_bindings", action="append", default=[],
-                   help="extra gin binding (repeatable), e.g. 'TRAIN_STEPS = 100'")
+                   help=f"extra gin binding (repeatable), e.g. '{binding_example}'")
     p.add_argument("--gin_search_paths", default="",
                    help="comma-separated extra directories to look for gin files in")
+    return p
+
+
+def parse_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | None
+                ) -> argparse.Namespace | int:
+    """The parsed flags (`--gin.NAME=VALUE` rewritten to bindings first), or the exit code
+    when there is nothing to run: 0 after --help, argparse's code after a bad flag (argparse
+    printed the usage and the error)."""
+    from xlm_jax.train import gin_utils
+
+    argv = gin_utils.rewrite_gin_args(list(sys.argv if argv is None else argv))[1:]
+    if any(a in HELP_FLAGS for a in argv):
+        parser.print_help()
+        return 0
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+
+
+def parse_gin(args: argparse.Namespace) -> None:
+    """Parses the flags' gin files and bindings: unknown bindings fail here, before anything
+    heavy is built."""
+    from xlm_jax.train import gin_utils
+
+    search = [d for d in args.gin_search_paths.split(",") if d]
+    gin_utils.parse(args.gin_file, args.gin_bindings, search)
+
+
+def error_line(e: BaseException) -> str:
+    """`error: Type: message` on one line (the message's lines joined by ' | ')."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return f"error: {type(e).__name__}: {' | '.join(lines)}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = gin_parser("python -m xlm_jax.train", __doc__, "TRAIN_STEPS = 100")
     p.add_argument("--model_dir", required=True,
                    help="where checkpoints, metrics and configs go (local or gs://)")
     p.add_argument("--coordinator_address", default=None,
@@ -53,28 +95,17 @@ def init_distributed(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from xlm_jax.train import gin_utils
-
-    argv = gin_utils.rewrite_gin_args(list(sys.argv if argv is None else argv))[1:]
-    parser = _parser()
-    if any(a in HELP_FLAGS for a in argv):
-        parser.print_help()
-        return 0
+    args = parse_flags(_parser(), argv)
+    if isinstance(args, int):
+        return args
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse printed the usage and the error
-        return int(e.code or 0)
-    try:
-        # Parse gin before anything heavy: unknown bindings fail here, not after compiling.
         from xlm_jax.train import loop
 
-        search = [d for d in args.gin_search_paths.split(",") if d]
-        gin_utils.parse(args.gin_file, args.gin_bindings, search)
+        parse_gin(args)
         init_distributed(args)
         result = loop.train(args.model_dir)
-    except (ValueError, OSError, FloatingPointError, KeyError, TypeError) as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        print(f"error: {type(e).__name__}: {' | '.join(lines)}", file=sys.stderr)
+    except CLI_ERRORS as e:
+        print(error_line(e), file=sys.stderr)
         return 1
     if result.preempted:
         print(f"preempted: stopped at step {result.final_step} with a checkpoint in "
