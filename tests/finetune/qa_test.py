@@ -4,7 +4,6 @@ and on a one-token-per-word tokenizer that makes windows easy to compute by hand
 
 from __future__ import annotations
 
-import dataclasses
 import pathlib
 import re
 import unicodedata
@@ -15,24 +14,11 @@ import pytest
 import sentencepiece as spm
 
 from xlm_jax.data.vocab import UNK, XLMRTokenizer, fairseq_to_spm
+from xlm_jax.evaluation.xtreme_readers import Answer
+from xlm_jax.evaluation.xtreme_readers import QAExample as Example
 from xlm_jax.finetune import qa
 
 SPM_PATH = pathlib.Path(__file__).resolve().parents[2] / "tasks" / "demo_data" / "spm.model"
-
-
-@dataclasses.dataclass(frozen=True)
-class Answer:
-    text: str
-    start: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Example:
-    id: str
-    question: str
-    context: str
-    answers: tuple[Answer, ...]
-    lang: str = "en"
 
 
 def make(id_: str, question: str, context: str, answer: str, occurrence: int = 0,
@@ -195,7 +181,7 @@ def test_training_false_has_no_labels(tok):
 
 def test_bad_input(tok):
     good = make("ok", "Wo?", "Er wohnt in Berlin.", "Berlin")
-    bad = Example("bad-7", "Wo?", "Er wohnt in Berlin.", (Answer("Berlin", 3),))
+    bad = Example("bad-7", "Wo?", "Er wohnt in Berlin.", (Answer("Berlin", 3),), "de")
     with pytest.raises(ValueError, match="bad-7"):
         qa.featurize([good, bad], tok, max_length=32, doc_stride=8, max_query_length=8)
     with pytest.raises(ValueError, match="bad-7"):

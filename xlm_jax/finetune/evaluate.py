@@ -56,9 +56,9 @@ def score_classification(logits: np.ndarray, rows: feats.Rows) -> float:
 
 def tag_predictions(logits: np.ndarray, rows: feats.Rows, sentences: Sequence[Any],
                     labels: Sequence[str]) -> list[list[str]]:
-    """Each word's predicted label (read at its first piece); words cut by the length limit
-    get labels[0] (for NER files "O" sorts first among B-/I-/O only if listed so: the task's
-    label list decides; we count them as predicted, so a cut sentence costs recall)."""
+    """Each word's predicted label (read at its first piece). Words cut by the length limit
+    get `labels[0]` (our choice; "O" in the PAN-X label list), so a cut sentence is scored,
+    not skipped."""
     preds = []
     for r, sent in enumerate(sentences):
         first = np.flatnonzero(rows.arrays["labels"][r] >= 0)

@@ -24,19 +24,19 @@ IGNORE = -1
 
 @dataclasses.dataclass(frozen=True)
 class Rows:
-    """Featurised examples: `arrays` (name -> [N, ...] numpy) and, per row, how many of the
-    example's words the row kept (tagging: words past the length limit are cut; their
-    predictions are the label `fallback` at evaluation)."""
+    """Featurised examples: `arrays` (name -> [N, ...] numpy). Tagging rows label the first
+    piece of each word they kept (words past the length limit are cut)."""
 
     arrays: dict[str, np.ndarray]
-    words_kept: np.ndarray | None = None
     qa_features: Any = None  # QA: the `finetune.qa.QAFeatures` the rows came from
 
     def __len__(self) -> int:
         return len(next(iter(self.arrays.values())))
 
 
-def _lang_ids(ids: np.ndarray, lang_id: int | None, pad_id: int) -> dict[str, np.ndarray]:
+def lang_id_arrays(ids: np.ndarray, lang_id: int | None, pad_id: int) -> dict[str, np.ndarray]:
+    """`{"lang_ids": lang_id on real tokens, 0 on padding}`, or {} for a model without
+    language embeddings (`lang_id` None)."""
     if lang_id is None:
         return {}
     return {"lang_ids": np.where(ids != pad_id, lang_id, 0).astype(np.int32)}
@@ -63,7 +63,7 @@ def pair_rows(examples: Sequence[Any], tokenizer: Any, max_length: int,
             raise ValueError(f"label {ex.label!r} of example {r} ({ex.lang}) is not one of "
                              f"the task's labels {list(labels)}")
         out[r] = index[str(ex.label)]
-    return Rows({"input_ids": ids, "label": out, **_lang_ids(ids, lang_id, tokenizer.pad_id)})
+    return Rows({"input_ids": ids, "label": out, **lang_id_arrays(ids, lang_id, tokenizer.pad_id)})
 
 
 def tagged_rows(sentences: Sequence[Any], tokenizer: Any, max_length: int,
@@ -74,7 +74,6 @@ def tagged_rows(sentences: Sequence[Any], tokenizer: Any, max_length: int,
     index = {str(lab): i for i, lab in enumerate(labels)}
     ids = np.full((len(sentences), max_length), tokenizer.pad_id, np.int32)
     tags = np.full((len(sentences), max_length), IGNORE, np.int32)
-    kept = np.zeros((len(sentences),), np.int32)
     for r, sent in enumerate(sentences):
         row, first = [tokenizer.bos_id], []
         for word, lab in zip(sent.tokens, sent.labels):
@@ -90,9 +89,7 @@ def tagged_rows(sentences: Sequence[Any], tokenizer: Any, max_length: int,
         ids[r, :len(row)] = row
         for pos, lab in first:
             tags[r, pos] = lab
-        kept[r] = len(first)
-    return Rows({"input_ids": ids, "labels": tags, **_lang_ids(ids, lang_id, tokenizer.pad_id)},
-                words_kept=kept)
+    return Rows({"input_ids": ids, "labels": tags, **lang_id_arrays(ids, lang_id, tokenizer.pad_id)})
 
 
 def epoch_batches(arrays: Mapping[str, np.ndarray], global_batch: int, seed: int,

@@ -33,6 +33,7 @@ from xlm_jax import model_dir as md
 from xlm_jax.finetune import evaluate as ev
 from xlm_jax.finetune import features as feats
 from xlm_jax.finetune import tasks as tasks_lib
+from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives import finetune as heads
 from xlm_jax.train import checkpoints as ckpt_lib
 from xlm_jax.train import data as data_lib
@@ -78,10 +79,8 @@ def featurise(task: tasks_lib.FinetuneTask, examples: dict[str, list[Any]], toke
                              doc_stride=task.doc_stride, max_query_length=task.max_query_length,
                              training=training)
             arrays = {"input_ids": f.input_ids, "start_positions": f.start_positions,
-                      "end_positions": f.end_positions}
-            if lang_id(lang) is not None:
-                arrays["lang_ids"] = np.where(f.input_ids != tokenizer.pad_id, lang_id(lang),
-                                              0).astype(np.int32)
+                      "end_positions": f.end_positions,
+                      **feats.lang_id_arrays(f.input_ids, lang_id(lang), tokenizer.pad_id)}
             rows[lang] = feats.Rows(arrays, qa_features=f)
     return Featurised(rows=rows, examples=examples, mlqa=mlqa)
 
@@ -181,6 +180,8 @@ def finetune(model_dir: str, *, init_from: str = gin.REQUIRED,
         layerwise_lr_decay=layerwise_lr_decay,
         num_layers=cfg.num_layers if layerwise_lr_decay else 0)
     spm = md.find_spm(encoder.path)
+    # One objective for scoring every checkpoint of every seed: its jitted forward compiles once.
+    objective = factory(model=Transformer(cfg), name=obj_name)
     per_seed_test, selected = [], []
     for seed in seeds:
         run_dir = os.path.join(model_dir, f"seed_{seed}")
@@ -194,15 +195,14 @@ def finetune(model_dir: str, *, init_from: str = gin.REQUIRED,
             checkpoint=ckpt_lib.CheckpointConfig(save_every_steps=every, keep=10**6,
                                                  async_save=async_save),
             log_every=log_every, seed=seed, init_from=init_from, spm_model=spm, out=out)
-        objective = factory(model=_model(cfg), name=obj_name)
         dev_scores = {}
         for step in md.checkpoint_steps(run_dir):
             cached = _cached(run_dir, step)
             if cached is None:
                 params = ev.load_params(run_dir, step)
                 cached = {"dev": score(task, objective, params, dev, labels, eval_batch_size)}
+                _cache(run_dir, step, cached)
             dev_scores[step] = cached
-            _cache(run_dir, step, cached)
         best = max(dev_scores, key=lambda s: (_mean(dev_scores[s]["dev"]), -s))
         if "test" not in dev_scores[best]:
             params = ev.load_params(run_dir, best)
@@ -246,12 +246,6 @@ def _export_step(init_from: str, step: int, model_dir: str) -> str:
         if langs:
             md.write_languages(out, langs)
     return out
-
-
-def _model(cfg: Any) -> Any:
-    from xlm_jax.models.transformer import Transformer
-
-    return Transformer(cfg)
 
 
 def _eval_path(run_dir: str, step: int) -> str:

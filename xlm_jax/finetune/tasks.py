@@ -91,8 +91,7 @@ class TaskData:
 def _labels(split: str, where: str, examples: Sequence[Any]) -> list[str]:
     """The label strings of labelled examples; unlabelled ones (XTREME's hidden test labels)
     are an error: a split that is scored needs its labels."""
-    if any((e.labels if hasattr(e, "labels") else getattr(e, "label", "")) is None
-           for e in examples):
+    if any(getattr(e, "labels", getattr(e, "label", "")) is None for e in examples):
         raise ValueError(f"{where}: the {split} examples have no labels (XTREME's test files "
                          "hide them); point FinetuneTask.test_split/dev_split at a labelled "
                          "split")
@@ -115,16 +114,15 @@ def load(task: FinetuneTask) -> TaskData:
     train_task, dev_task = task.train_task or task.xtreme_task, task.dev_task or task.xtreme_task
     train = read(task.data_dir, train_task, task.train_split, train_langs)
     test = read(task.data_dir, task.xtreme_task, task.test_split,
-                             list(task.eval_languages) or None)
+                list(task.eval_languages) or None)
     eval_langs = list(task.eval_languages) or sorted(test)
     dev_langs = ["en"] if task.select_on == "en" else eval_langs
     dev = read(task.data_dir, dev_task, task.dev_split, dev_langs)
     where = f"{task.data_dir} ({train_task} {task.train_split})"
     train_all = [e for rows in train.values() for e in rows]
-    labels = tuple(task.labels) or tuple(_labels("train", where, train_all))
-    if task.kind != "qa":
-        readers.check_label_sets(labels, _labels("train", where, train_all), "the task's labels",
-                                 where)
+    train_labels = _labels("train", where, train_all)  # none for QA
+    labels = tuple(task.labels) or tuple(train_labels)
+    readers.check_label_sets(labels, train_labels, "the task's labels", where)
     for split, data in (("dev", dev), ("test", test)):
         for lang, rows in data.items():
             name = f"{task.data_dir} ({dev_task if split == 'dev' else task.xtreme_task} "

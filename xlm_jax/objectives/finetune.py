@@ -33,7 +33,6 @@ from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import ROW_IDS, Batch, LossOutput, Objective
 
 Array = jax.Array
-IGNORE = -1  # label of rows/tokens that carry no loss
 _PAD_LOGIT = -1e9
 
 
@@ -104,6 +103,10 @@ class _FinetuneObjective(Objective):
     def prepare(self, batch: Batch, rng: Array) -> Batch:
         return batch  # nothing to corrupt
 
+    def denominator(self, prepared: Batch) -> Array:
+        """Labelled rows or tokens: entries of the first label feature that are >= 0."""
+        return jnp.sum((prepared[self.label_keys[0]] >= 0).astype(jnp.float32))
+
     def hidden(self, params: Any, batch: Batch, rng: Array, deterministic: bool) -> Array:
         kwargs = {ROW_IDS: batch[ROW_IDS]} if ROW_IDS in batch else {}
         if self.use_lang_ids:
@@ -129,56 +132,46 @@ class _FinetuneObjective(Objective):
         return 3.0 * seq_len * flops.encoder_flops(cfg, seq_len)
 
 
-class SequenceClassification(_FinetuneObjective):
+class _LabelObjective(_FinetuneObjective):
+    """A `LabelHead` and cross-entropy against `label_keys[0]` (-1 = no loss)."""
+
+    pooled: bool = True
+
+    def modules(self):
+        return {self.head_module: LabelHead(self.model.config, self.num_labels, self.pooled)}
+
+    def loss(self, params: Any, prepared: Batch, rng: Array, state: Any,
+             deterministic: bool = False) -> LossOutput:
+        logits = self.logits(params, prepared, rng, deterministic)
+        nll, correct, count = cross_entropy_sums(logits, prepared[self.label_keys[0]])
+        return LossOutput(loss_sum=nll, denominator=count,
+                          metrics={"loss": nll, "accuracy": correct})
+
+
+class SequenceClassification(_LabelObjective):
     """XNLI / PAWS-X: one label per row (`label` [B], -1 = no loss)."""
 
     label_keys = ("label",)
+    pooled = True
 
     def __init__(self, model: Transformer, name: str = "classify", num_labels: int = 3):
         super().__init__(model, name, num_labels)
 
-    def modules(self):
-        return {self.head_module: LabelHead(self.model.config, self.num_labels, pooled=True)}
 
-    def denominator(self, prepared: Batch) -> Array:
-        return jnp.sum((prepared["label"] >= 0).astype(jnp.float32))
-
-    def loss(self, params: Any, prepared: Batch, rng: Array, state: Any,
-             deterministic: bool = False) -> LossOutput:
-        logits = self.logits(params, prepared, rng, deterministic)
-        nll, correct, count = cross_entropy_sums(logits, prepared["label"])
-        return LossOutput(loss_sum=nll, denominator=count,
-                          metrics={"loss": nll, "accuracy": correct})
-
-
-class TokenClassification(_FinetuneObjective):
+class TokenClassification(_LabelObjective):
     """NER / POS: `labels` [B, T], the label id at each word's first sub-word, else -1."""
 
     label_keys = ("labels",)
+    pooled = False
 
     def __init__(self, model: Transformer, name: str = "tag", num_labels: int = 7):
         super().__init__(model, name, num_labels)
-
-    def modules(self):
-        return {self.head_module: LabelHead(self.model.config, self.num_labels, pooled=False)}
-
-    def denominator(self, prepared: Batch) -> Array:
-        return jnp.sum((prepared["labels"] >= 0).astype(jnp.float32))
-
-    def loss(self, params: Any, prepared: Batch, rng: Array, state: Any,
-             deterministic: bool = False) -> LossOutput:
-        logits = self.logits(params, prepared, rng, deterministic)
-        nll, correct, count = cross_entropy_sums(logits, prepared["labels"])
-        return LossOutput(loss_sum=nll, denominator=count,
-                          metrics={"loss": nll, "accuracy": correct})
 
 
 class SpanHead(nn.Module):
     """HF's `qa_outputs`: dense(2) on every token -> (start, end) logits [B, T] each."""
 
     config: ModelConfig
-    num_labels: int = 2
-    pooled: bool = False
 
     @nn.compact
     def __call__(self, hidden: Array, deterministic: bool, row_ids: Array | None = None
@@ -208,9 +201,6 @@ class SpanExtraction(_FinetuneObjective):
         real = batch["input_ids"] != self.model.config.pad_id
         out = jnp.where(real[..., None], out, _PAD_LOGIT)
         return out[..., 0], out[..., 1]
-
-    def denominator(self, prepared: Batch) -> Array:
-        return jnp.sum((prepared["start_positions"] >= 0).astype(jnp.float32))
 
     def loss(self, params: Any, prepared: Batch, rng: Array, state: Any,
              deterministic: bool = False) -> LossOutput:
