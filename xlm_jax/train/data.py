@@ -171,21 +171,21 @@ def make_stream(task: str, global_batch: int, seq_len: int, seed: int, start_ste
         raise ValueError(f"global batch {global_batch} is not divisible by the "
                          f"{n} processes")
     local = global_batch // n
+    if is_seqio(task):
+        from xlm_jax.data.pipeline import make_batch_iterator
+
+        return make_batch_iterator(task, local, seq_len, seed, shard_index=p, num_shards=n,
+                                   start_step=start_step)
     if task.startswith(SYNTHETIC):
         from xlm_jax.data.synthetic import synthetic_batches
 
-        kind = task[len(SYNTHETIC):]
-        full = synthetic_batches(global_batch, seq_len, vocab_size, kind=kind, seed=seed,
-                                 num_languages=num_languages, start_step=start_step)
-        return ({k: v[p * local:(p + 1) * local] for k, v in b.items()} for b in full)
-    if task.startswith(MEMORY):
+        full = synthetic_batches(global_batch, seq_len, vocab_size, kind=task[len(SYNTHETIC):],
+                                 seed=seed, num_languages=num_languages, start_step=start_step)
+    else:
         name = task[len(MEMORY):]
         if name not in _MEMORY_STREAMS:
             raise ValueError(f"no in-memory stream {name!r} is registered in this process "
                              f"(registered: {sorted(_MEMORY_STREAMS) or 'none'})")
         full = _MEMORY_STREAMS[name](global_batch, seq_len, seed, start_step)
-        return ({k: v[p * local:(p + 1) * local] for k, v in b.items()} for b in full)
-    from xlm_jax.data.pipeline import make_batch_iterator
-
-    return make_batch_iterator(task, local, seq_len, seed, shard_index=p, num_shards=n,
-                               start_step=start_step)
+    # a global batch per step: this process takes its rows
+    return ({k: v[p * local:(p + 1) * local] for k, v in b.items()} for b in full)
