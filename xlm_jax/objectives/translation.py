@@ -230,7 +230,8 @@ class Translation(Objective):
             {"params": self.encoder_params(params)}, prepared["x_input_ids"],
             positions=prepared["x_positions"], segment_ids=prepared["x_segment_ids"],
             lang_ids=prepared["x_lang_ids"], deterministic=deterministic,
-            row_ids=prepared.get(ROW_IDS), rngs={"dropout": rng if rng is not None else jax.random.PRNGKey(0)},
+            row_ids=prepared.get(ROW_IDS),
+            rngs={"dropout": rng if rng is not None else jax.random.PRNGKey(0)},
             method=Transformer.encode).last_hidden_state
 
     def decoder_logits(self, params: Any, prepared: Batch, memory: jax.Array,

@@ -277,12 +277,13 @@ def load_pretrained_params(params: Any, pretrained: Any, source: str,
         key = jax.tree_util.keystr(path)
         if key not in flat_pre:
             return value
-        # On the host: the loaded array may be committed to one device while `value` is
-        # sharded over the run's mesh, and jax refuses to combine the two.
-        new = np.asarray(flat_pre[key])
+        new = flat_pre[key]
         if (vocab_size and key in vocab_keys and new.shape[1:] == value.shape[1:]
                 and min(new.shape[0], value.shape[0]) >= vocab_size):
-            return jnp.asarray(value).at[:vocab_size].set(jnp.asarray(new[:vocab_size], value.dtype))
+            # The rows from the host: the loaded table may be committed to one device while
+            # `value` is sharded over the run's mesh, and jax refuses to combine the two.
+            rows = np.asarray(new[:vocab_size], value.dtype)
+            return jnp.asarray(value).at[:vocab_size].set(rows)
         if tuple(new.shape) != tuple(value.shape):
             raise ValueError(f"{source}: parameter {key} has shape {tuple(new.shape)} but the "
                              f"model expects {tuple(value.shape)}")
