@@ -319,7 +319,7 @@ def test_cudnn_matches_xla_on_gpu(family):
 
 def test_unknown_backend_names_value_and_valid_ones():
     q, k, v = _qkv(0)
-    with pytest.raises(ValueError, match=r"'flash'.*\['xla', 'cudnn'\]"):
+    with pytest.raises(ValueError, match=r"'flash'.*\['xla', 'cudnn', 'pallas'\]"):
         attention.dot_product_attention(q, k, v, backend="flash")
 
 

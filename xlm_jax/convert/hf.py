@@ -180,10 +180,13 @@ def pad_vocab(path: str, value: np.ndarray, cfg: ModelConfig) -> np.ndarray:
 def hf_state_to_params(state: Mapping[str, np.ndarray], cfg: ModelConfig,
                        source: str = "checkpoint") -> Params:
     """HF state dict (numpy) -> our nested parameter dict; shape mismatches name both shapes.
-    Vocabulary tables are zero-padded when `cfg` pads the vocabulary."""
+    Vocabulary tables are zero-padded when `cfg` pads the vocabulary; the layers are stacked
+    when `cfg.scan_layers` (`xlm_jax.models.layer_stack`)."""
+    from xlm_jax.models import layer_stack
+
     prefix = "roberta." if any(k.startswith("roberta.") for k in state) else ""
     has_head = "lm_head.bias" in state
-    shapes = expected_shapes(cfg, with_mlm_head=has_head)
+    shapes = expected_shapes(cfg.replace(scan_layers=False), with_mlm_head=has_head)
     params: Params = {}
     for ours, theirs, to_ours, _ in parameter_map(cfg, with_mlm_head=has_head):
         key = theirs if theirs.startswith("lm_head.") else prefix + theirs
@@ -194,12 +197,16 @@ def hf_state_to_params(state: Mapping[str, np.ndarray], cfg: ModelConfig,
             raise ValueError(f"{source}: parameter {key!r} has shape {tuple(state[key].shape)} "
                              f"-> {value.shape} but the model expects {shapes[ours]} for {ours}")
         _set(params, ours, value)
-    return params
+    return layer_stack.to_layout(params, cfg.scan_layers)
 
 
 def params_to_hf_state(params: Params, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Our parameter dict -> an `XLMRobertaForMaskedLM` state dict (numpy, contiguous);
-    vocabulary padding rows are dropped (HF tables have exactly `vocab_size` rows)."""
+    """Our parameter dict (either layer layout, `xlm_jax.models.layer_stack`) -> an
+    `XLMRobertaForMaskedLM` state dict (numpy, contiguous); vocabulary padding rows are dropped
+    (HF tables have exactly `vocab_size` rows)."""
+    from xlm_jax.models import layer_stack
+
+    params = layer_stack.unstack_layers(params)
     has_head = "mlm_head" in params
     state = {}
     for ours, theirs, _, to_theirs in parameter_map(cfg, with_mlm_head=has_head):
@@ -285,7 +292,10 @@ def load_xlm_jax(model_dir: str, step: int | None = None) -> tuple[ModelConfig, 
         params_dir = md.trainer_state_dir(model_dir, step)
     with ocp.StandardCheckpointer() as ckptr:
         params = ckptr.restore(params_dir)
-    params = encoder_subtree(params)
+    from xlm_jax.models import layer_stack
+
+    # In the layout the config names, whichever layout the saved parameters have.
+    params = layer_stack.to_layout(encoder_subtree(params), cfg.scan_layers)
     check_params(params, cfg, source=model_dir)
     return cfg, params
 

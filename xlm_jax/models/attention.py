@@ -4,6 +4,9 @@ Layout (binding for the whole library):
   q: ``[B, Tq, H, Dh]``; k, v: ``[B, Tk, H, Dh]``; output ``[B, Tq, H, Dh]``.
   mask: bool ``[B, 1 or H, Tq, Tk]`` (True = may attend), anything broadcastable to it.
   bias: additive, broadcastable to ``[B, H, Tq, Tk]`` (e.g. the gated relative position bias).
+  relative: the gated relative position bias *described* (:class:`RelativeBias`: bucket table,
+    positions, gate factor). Every backend accepts it: "pallas" computes it inside its kernel,
+    the others materialise it (``RelativeBias.materialise``) and add it to ``bias``.
 
 Backends:
   * ``"xla"``: :func:`reference_attention`, plain einsums + float32 softmax. It is the oracle
@@ -11,6 +14,11 @@ Backends:
   * ``"cudnn"``: ``jax.nn.dot_product_attention(implementation="cudnn")`` (fused flash
     attention) when the inputs allow it (see :func:`cudnn_unavailable_reason`); otherwise the
     call falls back to the XLA path and logs the reason once per distinct reason.
+  * ``"pallas"``: :func:`xlm_jax.models.fused_attention.flash_attention`, a Pallas flash
+    attention kernel that computes the relative bias inside the kernel (no ``[B, H, Tq, Tk]``
+    array; interpreted on CPU). It falls back to the XLA path, logging once, in the cases
+    :func:`~xlm_jax.models.fused_attention.pallas_unavailable_reason` names (dropout active,
+    an additive ``bias``, float64, another platform).
 
 Fully masked query rows (padding queries, segment id 0) output exactly zeros on every backend,
 and gradients stay finite: masked logits are replaced (``jnp.where``) by a large *finite*
@@ -26,11 +34,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xlm_jax.models import common
+from xlm_jax.models import common, fused_attention
+from xlm_jax.models.position import RelativeBias
 
 logger = logging.getLogger(__name__)
 
-VALID_BACKENDS: tuple[str, ...] = ("xla", "cudnn")
+VALID_BACKENDS: tuple[str, ...] = ("xla", "cudnn", "pallas")
 
 # Finite stand-in for -inf on masked logits: exp(-1e30 - max) underflows to exactly 0 in float32,
 # yet (unlike -inf) a row made only of it never produces inf - inf = NaN.
@@ -213,11 +222,11 @@ def cudnn_unavailable_reason(
     return None
 
 
-def _log_fallback_once(reason: str) -> None:
-    """Logs a cudnn -> xla fallback the first time this exact reason is seen."""
+def _log_fallback_once(reason: str, backend: str = "cudnn") -> None:
+    """Logs a cudnn/pallas -> xla fallback the first time this exact reason is seen."""
     if reason not in _LOGGED_FALLBACK_REASONS:
         _LOGGED_FALLBACK_REASONS.add(reason)
-        logger.info("attention backend 'cudnn' falls back to 'xla': %s", reason)
+        logger.info("attention backend %r falls back to 'xla': %s", backend, reason)
 
 
 def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) -> jax.Array:
@@ -250,16 +259,24 @@ def dot_product_attention(
     dropout_rng: jax.Array | None = None,
     deterministic: bool = True,
     dropout_row_ids: jax.Array | None = None,
+    relative: RelativeBias | None = None,
 ) -> jax.Array:
     """Scaled dot-product attention, ``[B, Tq, H, Dh]`` in q's dtype; the library's one entry.
 
     ``backend="xla"`` runs :func:`reference_attention`. ``backend="cudnn"`` runs cuDNN flash
     attention when :func:`cudnn_unavailable_reason` returns None and otherwise the XLA path
     (logging the reason once), so a config can ask for cudnn everywhere and still run on CPU/TPU
-    or with the gated relative bias.
+    or with the gated relative bias. ``backend="pallas"`` runs the Pallas kernel of
+    :mod:`xlm_jax.models.fused_attention` unless
+    :func:`~xlm_jax.models.fused_attention.pallas_unavailable_reason` names a reason (then the
+    XLA path, logging it once).
+
+    ``relative`` (a :class:`RelativeBias`) is the relative position bias described rather than
+    materialised: "pallas" computes it inside the kernel; every other path (including a
+    fallback) materialises it and adds it to ``bias``, so all backends accept the same call.
 
     Raises:
-      ValueError: unknown backend, or q/k/v/mask/bias shapes that break the layout.
+      ValueError: unknown backend, or q/k/v/mask/bias/relative shapes that break the layout.
     """
     if backend not in VALID_BACKENDS:
         raise ValueError(
@@ -267,9 +284,20 @@ def dot_product_attention(
         )
     if not 0.0 <= dropout_rate < 1.0:
         raise ValueError(f"attention: dropout_rate must be in [0, 1), got {dropout_rate}")
+    effective_rate = 0.0 if deterministic else dropout_rate
+    _check_inputs(q, k, v, bias, mask)
+    if relative is not None:
+        relative.check(q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+    if backend == "pallas":
+        reason = fused_attention.pallas_unavailable_reason(q, k, v, bias, effective_rate)
+        if reason is None:
+            return fused_attention.flash_attention(q, k, v, mask=mask, relative=relative)
+        _log_fallback_once(reason, backend)
+    if relative is not None:
+        materialised = relative.materialise()
+        bias = materialised if bias is None else bias + materialised
     if backend == "cudnn":
         _check_inputs(q, k, v, bias, mask)
-        effective_rate = 0.0 if deterministic else dropout_rate
         reason = cudnn_unavailable_reason(q, k, v, bias, mask, effective_rate)
         if reason is None:
             return _cudnn_attention(q, k, v, mask)

@@ -17,7 +17,11 @@ import jax.numpy as jnp
 POSITION_TYPES = ("absolute", "relative", "both")
 LN_STYLES = ("post", "pre")
 LANGUAGE_INITS = ("normal", "zeros")
-ATTENTION_BACKENDS = ("xla", "cudnn")
+# "xla": the reference einsum path; "cudnn": cuDNN flash attention on GPU (no bias, no dropout);
+# "pallas": the Pallas flash-attention kernel that computes the gated relative position bias
+# inside the kernel (xlm_jax.models.fused_attention; interpreted on CPU). cudnn and pallas fall
+# back to xla, logging the reason once, when their inputs do not fit.
+ATTENTION_BACKENDS = ("xla", "cudnn", "pallas")
 # What each layer keeps for the backward pass (`jax.checkpoint` around every EncoderLayer):
 # "none" keeps everything (no recomputation); "full" keeps only the layer's inputs and
 # recomputes the rest; "dots_saveable" keeps the matmul outputs (jax.checkpoint_policies)
@@ -56,8 +60,15 @@ class ModelConfig:
     relative_max_distance: int = 128  # distance at which buckets saturate
     share_relative_table: bool = True  # one bucket table for all layers (else one per layer)
     cross_attention: bool = False  # VECO: every layer also owns a cross-attention block
-    attention_backend: str = "xla"  # "xla" (reference) or "cudnn" (GPU fused, falls back with a log)
+    attention_backend: str = "xla"  # "xla" | "cudnn" | "pallas" (ATTENTION_BACKENDS above)
     remat: str = "none"  # per-layer rematerialisation: none | full | dots_saveable (above)
+    # Apply the layers with one `nn.scan` (compiled once, whatever the depth) instead of a
+    # Python loop (compiled once per layer). The parameters are then stacked under one `layers`
+    # subtree with a leading layer axis instead of `layers_0..layers_{N-1}`;
+    # `xlm_jax.models.layer_stack` converts between the two, and every loader accepts both.
+    # With dropout the bits differ from the loop's (one rng split per layer); the function is
+    # the same. Off by default: checkpoints and tools use the per-layer layout.
+    scan_layers: bool = False
     dtype: str = "float32"  # compute dtype of activations: float32 | bfloat16 | float16
     param_dtype: str = "float32"  # storage dtype of parameters (keep fp32 for training)
     initializer_range: float = 0.02  # stddev of the normal initialiser (BERT/XLM-R)
@@ -88,6 +99,8 @@ class ModelConfig:
             value = getattr(self, field)
             if not 0.0 <= value < 1.0:
                 raise bad(field, value, "must be in [0, 1)")
+        if not isinstance(self.scan_layers, bool):
+            raise bad("scan_layers", self.scan_layers, "must be True or False")
         for field, valid in (("ln_style", LN_STYLES), ("position_type", POSITION_TYPES),
                              ("language_init", LANGUAGE_INITS),
                              ("attention_backend", ATTENTION_BACKENDS),

@@ -6,7 +6,11 @@ Pieces:
     relative bias ``d`` as ``[B, H, Tq, Tk]`` from per-token positions (so packed rows with
     positions restarting per example work).
   * :func:`gated_relative_bias` / :class:`GatedRelativeBias` — the per-layer gate
-    ``r = d + g_u·d + (1 − g_u)·w·g_r·d`` with ``g_u = σ(q_i·u_h)``, ``g_r = σ(q_i·v_h)``.
+    ``r = d + g_u·d + (1 − g_u)·w·g_r·d`` with ``g_u = σ(q_i·u_h)``, ``g_r = σ(q_i·v_h)``;
+    :func:`gate_factor` is its per-query row factor ``1 + g_u + (1 − g_u)·w·g_r``.
+  * :class:`RelativeBias` — the same bias *described* (table, positions, factor) instead of
+    materialised, for the fused attention kernel (``xlm_jax.models.fused_attention``), which
+    computes it block by block and never builds ``[B, H, Tq, Tk]``.
 
 A stack either owns one table shared by all layers (as WavLM does) or one per layer; the gate
 parameters are always per layer. The result is an additive bias for
@@ -15,6 +19,7 @@ parameters are always per layer. The result is an additive bias for
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -68,6 +73,93 @@ def relative_position_bucket(
     return ret + jnp.where(is_small, n, val_if_large)
 
 
+def relative_bias_values(
+    table: jax.Array,
+    positions_q: jax.Array,
+    positions_k: jax.Array,
+    num_buckets: int,
+    max_distance: int,
+) -> jax.Array:
+    """Raw relative bias ``d[b, h, i, j] = table[bucket(pos_k[b, j] - pos_q[b, i]), h]``.
+
+    Args:
+      table: ``[num_buckets, H]`` per-bucket, per-head bias.
+      positions_q: ``[B, Tq]`` int positions of the queries.
+      positions_k: ``[B, Tk]`` int positions of the keys.
+      num_buckets, max_distance: as for :func:`relative_position_bucket`.
+
+    Returns:
+      ``[B, H, Tq, Tk]`` in the table's dtype.
+    """
+    rel = positions_k[:, None, :] - positions_q[:, :, None]  # [B, Tq, Tk]
+    buckets = relative_position_bucket(rel, num_buckets, max_distance)
+    d = jnp.take(jnp.asarray(table), buckets, axis=0)  # [B, Tq, Tk, H]
+    return jnp.transpose(d, (0, 3, 1, 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class RelativeBias:
+    """A relative position bias described, not materialised: ``r = table[bucket] · factor``.
+
+    ``r[b, h, i, j] = table[bucket(positions_k[b, j] - positions_q[b, i]), h] · factor[b, h, i]``
+    — the XLM-E gated bias when ``factor`` is :func:`gate_factor`, the raw table bias ``d`` when
+    it is None. Fused attention computes it inside the kernel; every other consumer calls
+    :meth:`materialise`. A pytree (``num_buckets`` and ``max_distance`` are static), so it can
+    cross ``jit``/``remat`` boundaries.
+
+    Attributes:
+      table: ``[num_buckets, H]`` bucket table (the ``rel_embedding`` parameter's values).
+      positions_q: ``[B, Tq]`` int query positions.
+      positions_k: ``[B, Tk]`` int key positions.
+      factor: ``[B, H, Tq]`` float per-query row factor, or None for 1.
+      num_buckets: T5 buckets (half per direction).
+      max_distance: distance from which positions share the last bucket.
+    """
+
+    table: jax.Array
+    positions_q: jax.Array
+    positions_k: jax.Array
+    factor: jax.Array | None = None
+    num_buckets: int = 32
+    max_distance: int = 128
+
+    def check(self, batch: int, num_heads: int, tq: int, tk: int) -> None:
+        """Raises ValueError when the fields do not fit attention of ``[B, H, Tq, Tk]``."""
+        expected = (
+            ("table", self.table, (self.num_buckets, num_heads)),
+            ("positions_q", self.positions_q, (batch, tq)),
+            ("positions_k", self.positions_k, (batch, tk)),
+            ("factor", self.factor, (batch, num_heads, tq)),
+        )
+        for name, x, shape in expected:
+            if x is not None and tuple(jnp.shape(x)) != shape:
+                raise ValueError(
+                    f"RelativeBias: {name} must have shape {shape} for attention "
+                    f"[B, H, Tq, Tk]={(batch, num_heads, tq, tk)}, got {tuple(jnp.shape(x))}"
+                )
+
+    def materialise(self) -> jax.Array:
+        """The bias as a float32 (float64 if an input is) ``[B, H, Tq, Tk]`` array.
+
+        The same arithmetic as :class:`RelativePositionTable` followed by
+        :func:`gated_relative_bias`, so both routes give identical numbers.
+        """
+        d = relative_bias_values(
+            self.table, self.positions_q, self.positions_k, self.num_buckets, self.max_distance
+        )
+        if self.factor is None:
+            return d.astype(jnp.result_type(d.dtype, jnp.float32))
+        acc = jnp.result_type(d.dtype, jnp.asarray(self.factor).dtype, jnp.float32)
+        return d.astype(acc) * jnp.asarray(self.factor).astype(acc)[..., None]
+
+
+jax.tree_util.register_dataclass(
+    RelativeBias,
+    data_fields=["table", "positions_q", "positions_k", "factor"],
+    meta_fields=["num_buckets", "max_distance"],
+)
+
+
 class RelativePositionTable(nn.Module):
     """Learned per-head bias of each relative-position bucket: ``d[b, h, i, j]``.
 
@@ -84,8 +176,14 @@ class RelativePositionTable(nn.Module):
     param_dtype: Dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, positions_q: jax.Array, positions_k: jax.Array) -> jax.Array:
-        """Raw relative bias ``[B, H, Tq, Tk]`` from positions ``[B, Tq]`` and ``[B, Tk]``."""
+    def __call__(
+        self, positions_q: jax.Array, positions_k: jax.Array, describe: bool = False
+    ) -> jax.Array | RelativeBias:
+        """Raw relative bias ``[B, H, Tq, Tk]`` from positions ``[B, Tq]`` and ``[B, Tk]``.
+
+        With ``describe=True`` returns the same bias as a :class:`RelativeBias` (table values
+        and positions, no factor) for the fused attention kernel, which never materialises it.
+        """
         positions_q = jnp.asarray(positions_q)
         positions_k = jnp.asarray(positions_k)
         if (
@@ -103,32 +201,34 @@ class RelativePositionTable(nn.Module):
             (self.num_buckets, self.num_heads),
             self.param_dtype,
         )
-        rel = positions_k[:, None, :] - positions_q[:, :, None]  # [B, Tq, Tk]
-        buckets = relative_position_bucket(rel, self.num_buckets, self.max_distance)
-        d = jnp.take(jnp.asarray(table), buckets, axis=0)  # [B, Tq, Tk, H]
-        return jnp.transpose(d, (0, 3, 1, 2))
+        if describe:
+            return RelativeBias(
+                table=jnp.asarray(table),
+                positions_q=positions_q,
+                positions_k=positions_k,
+                num_buckets=self.num_buckets,
+                max_distance=self.max_distance,
+            )
+        return relative_bias_values(
+            table, positions_q, positions_k, self.num_buckets, self.max_distance
+        )
 
 
-def gated_relative_bias(
-    q: jax.Array, d: jax.Array, u: jax.Array, v: jax.Array, w: jax.Array
-) -> jax.Array:
-    """XLM-E gate on a relative bias: ``r = d + g_u·d + (1 − g_u)·w_h·g_r·d``.
+def gate_factor(q: jax.Array, u: jax.Array, v: jax.Array, w: jax.Array) -> jax.Array:
+    """XLM-E gate as a per-query row factor: ``1 + g_u + (1 − g_u)·w_h·g_r``, ``[B, H, Tq]``.
 
-    Per head h and query i: ``g_u = σ(q_i·u_h)``, ``g_r = σ(q_i·v_h)``; the gates depend on the
-    query only, so they scale whole rows of ``d``. Computed in float32 at least (bf16 queries are
-    upcast; float64 stays float64 for gradient checks).
+    ``r = d + g_u·d + (1 − g_u)·w·g_r·d = d · factor``; the gates depend on the query only, so
+    the gated bias is the raw bias with each row scaled. Plain differentiable JAX (the fused
+    attention kernel takes the factor as an input and returns its gradient). Computed in
+    float32 at least (bf16 queries are upcast; float64 stays float64 for gradient checks).
 
     Args:
       q: ``[B, Tq, H, Dh]`` queries (the projected queries of this layer, before scaling).
-      d: ``[B or 1, H, Tq, Tk]`` raw relative bias.
       u: ``[H, Dh]`` update-gate vectors.
       v: ``[H, Dh]`` reset-gate vectors.
       w: ``[H]`` scalar per head.
-
-    Returns:
-      ``[B, H, Tq, Tk]`` in float32 (float64 if any input is float64).
     """
-    acc = jnp.result_type(jnp.asarray(q).dtype, jnp.asarray(d).dtype, jnp.float32)
+    acc = jnp.result_type(jnp.asarray(q).dtype, jnp.float32)
     q32 = jnp.asarray(q).astype(acc)
     num_heads, head_dim = q32.shape[2], q32.shape[3]
     for name, x, shape in (
@@ -141,13 +241,35 @@ def gated_relative_bias(
                 f"gated_relative_bias: {name} must have shape {shape} for q {tuple(q32.shape)}, "
                 f"got {tuple(jnp.shape(x))}"
             )
-    d32 = jnp.asarray(d).astype(acc)
     g_u = jax.nn.sigmoid(jnp.einsum("bqhd,hd->bhq", q32, jnp.asarray(u).astype(acc)))
     g_r = jax.nn.sigmoid(jnp.einsum("bqhd,hd->bhq", q32, jnp.asarray(v).astype(acc)))
     w32 = jnp.asarray(w).astype(acc)[None, :, None]
+    return 1.0 + g_u + (1.0 - g_u) * w32 * g_r  # [B, H, Tq]
+
+
+def gated_relative_bias(
+    q: jax.Array, d: jax.Array, u: jax.Array, v: jax.Array, w: jax.Array
+) -> jax.Array:
+    """XLM-E gate on a relative bias: ``r = d + g_u·d + (1 − g_u)·w_h·g_r·d``.
+
+    Per head h and query i: ``g_u = σ(q_i·u_h)``, ``g_r = σ(q_i·v_h)``; the gates depend on the
+    query only, so they scale whole rows of ``d`` (:func:`gate_factor`). Computed in float32 at
+    least (bf16 queries are upcast; float64 stays float64 for gradient checks).
+
+    Args:
+      q: ``[B, Tq, H, Dh]`` queries (the projected queries of this layer, before scaling).
+      d: ``[B or 1, H, Tq, Tk]`` raw relative bias.
+      u: ``[H, Dh]`` update-gate vectors.
+      v: ``[H, Dh]`` reset-gate vectors.
+      w: ``[H]`` scalar per head.
+
+    Returns:
+      ``[B, H, Tq, Tk]`` in float32 (float64 if any input is float64).
+    """
+    acc = jnp.result_type(jnp.asarray(q).dtype, jnp.asarray(d).dtype, jnp.float32)
+    factor = gate_factor(jnp.asarray(q).astype(acc), u, v, w)  # [B, H, Tq]
     # r = d * (1 + g_u + (1 - g_u) * w * g_r): one multiply of the [B, H, Tq, Tk] tensor.
-    factor = 1.0 + g_u + (1.0 - g_u) * w32 * g_r  # [B, H, Tq]
-    return d32 * factor[..., None]
+    return jnp.asarray(d).astype(acc) * factor[..., None]
 
 
 class GatedRelativeBias(nn.Module):
@@ -168,8 +290,13 @@ class GatedRelativeBias(nn.Module):
     param_dtype: Dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, q: jax.Array, d: jax.Array) -> jax.Array:
-        """Gated float32 bias [B, H, Tq, Tk] from q [B, Tq, H, Dh] and d [B|1, H, Tq, Tk]."""
+    def __call__(self, q: jax.Array, d: jax.Array | RelativeBias) -> jax.Array | RelativeBias:
+        """Gated float32 bias [B, H, Tq, Tk] from q [B, Tq, H, Dh] and d [B|1, H, Tq, Tk].
+
+        When ``d`` is a :class:`RelativeBias` (the raw bias described, for fused attention) the
+        result is that description with ``factor`` set to :func:`gate_factor`: the same bias,
+        never materialised.
+        """
         init = nn.initializers.normal(0.02)
         u = self.param(
             "gate_u",
@@ -189,4 +316,7 @@ class GatedRelativeBias(nn.Module):
             (self.num_heads,),
             self.param_dtype,
         )
-        return gated_relative_bias(q, d, jnp.asarray(u), jnp.asarray(v), jnp.asarray(w))
+        u, v, w = jnp.asarray(u), jnp.asarray(v), jnp.asarray(w)
+        if isinstance(d, RelativeBias):
+            return dataclasses.replace(d, factor=gate_factor(q, u, v, w))
+        return gated_relative_bias(q, d, u, v, w)

@@ -11,6 +11,8 @@ Fig. 3) reuses it two ways:
   cross-attention, decodes causally while reading the encoder's last layer. VECO's translation
   model uses a 6-layer decoder from the last 6 layers (§5.1); Table 4 compares last and first.
 The decoder shares the embeddings and the MLM head (its output projection) with the encoder.
+Both accept either layer layout (`ModelConfig.scan_layers`, `xlm_jax.models.layer_stack`) and
+return the parameters in the layout of the config they were given.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from xlm_jax.models import layer_stack
 from xlm_jax.models.config import ModelConfig
 
 Params = dict[str, Any]
@@ -33,7 +36,7 @@ def nlu_encoder(cfg: ModelConfig, params: Mapping[str, Any]) -> tuple[ModelConfi
     """(config without cross-attention, parameters without the cross-attention blocks)."""
     out = {}
     for key, value in params.items():
-        if key.startswith("layers_"):
+        if key == layer_stack.STACK or key.startswith("layers_"):
             value = {k: v for k, v in value.items() if k not in CROSS_KEYS}
         out[key] = value
     return cfg.replace(cross_attention=False), out
@@ -64,6 +67,7 @@ def encoder_decoder(cfg: ModelConfig, params: Mapping[str, Any], decoder_layers:
     if not isinstance(decoder_layers, int) or not 1 <= decoder_layers <= cfg.num_layers:
         raise ValueError(f"decoder_layers={decoder_layers!r} must be in [1, {cfg.num_layers}] "
                          f"(the encoder has {cfg.num_layers} layers)")
+    params = layer_stack.unstack_layers(params)
     layers = _layer_ids(params)
     chosen = layers[-decoder_layers:] if take == "last" else layers[:decoder_layers]
     enc_cfg, enc_params = nlu_encoder(cfg, params)
@@ -74,4 +78,6 @@ def encoder_decoder(cfg: ModelConfig, params: Mapping[str, Any], decoder_layers:
         if f"rel_pos_{src}" in params:  # per-layer relative position tables follow their layer
             dec_params[f"rel_pos_{i}"] = params[f"rel_pos_{src}"]
     dec_cfg = cfg.replace(num_layers=decoder_layers)
+    enc_params = layer_stack.to_layout(enc_params, cfg.scan_layers)
+    dec_params = layer_stack.to_layout(dec_params, cfg.scan_layers)
     return EncoderDecoder(enc_cfg, enc_params, dec_cfg, dec_params, tuple(chosen))

@@ -13,6 +13,9 @@ One module serves every objective:
 Parameter names follow a fixed tree (`embeddings/...`, `layers_{i}/attention/query/...`) that the
 HF converter and the optimiser's weight-decay/LLRD rules rely on. Every parameter carries logical
 axis names; `xlm_jax.train.partitioning.standard_logical_axis_rules` maps them onto the mesh.
+With `ModelConfig.scan_layers` the layers run as one `nn.scan` and their parameters are stacked
+(`layers/attention/query/...` with a leading `layers` axis); `xlm_jax.models.layer_stack` holds
+the scan and converts parameters between the two layouts.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from xlm_jax.models.common import Dropout, constrain, gelu, layer_norm
 from xlm_jax.models.common import normal_init as _init
 from xlm_jax.models.common import zeros_init as _zeros
 from xlm_jax.models import heads as heads_lib
+from xlm_jax.models import layer_stack
 from xlm_jax.models import masks as masks_lib
 from xlm_jax.models import position as position_lib
 from xlm_jax.models.config import ModelConfig
@@ -157,7 +161,7 @@ class MultiHeadAttention(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, kv_input: Array, mask: Array | None,
-                 relative_table: Array | None, deterministic: bool,
+                 relative_table: "Array | position_lib.RelativeBias | None", deterministic: bool,
                  cache: "LayerCache | None" = None,
                  cache_index: Array | None = None,
                  row_ids: Array | None = None) -> Array | tuple[Array, "LayerCache"]:
@@ -180,17 +184,24 @@ class MultiHeadAttention(nn.Module):
                                value=jax.lax.dynamic_update_slice(cache.value, v.astype(
                                    cache.value.dtype), at))
             k, v = cache.key.astype(k.dtype), cache.value.astype(v.dtype)
-        bias = None
+        bias = relative = None
         if self.gated_bias:
             if relative_table is None:
                 raise ValueError("gated relative bias needs the bucket table values")
-            bias = position_lib.GatedRelativeBias(
+            # `relative_table` is the raw bias d [B, H, Tq, Tk], or (for the "pallas" backend,
+            # which computes the bias in its kernel) a `position.RelativeBias` describing it;
+            # the gate returns the same kind, and every backend accepts either.
+            gated = position_lib.GatedRelativeBias(
                 num_heads=cfg.num_heads, head_dim=cfg.head_dim, name="gated_bias")(q, relative_table)
+            if isinstance(gated, position_lib.RelativeBias):
+                relative = gated
+            else:
+                bias = gated
         dropout_rng = None
         if not deterministic and cfg.attention_dropout_rate > 0:
             dropout_rng = self.make_rng("dropout")
         out = attention_lib.dot_product_attention(
-            q, k, v, bias=bias, mask=mask, backend=cfg.attention_backend,
+            q, k, v, bias=bias, relative=relative, mask=mask, backend=cfg.attention_backend,
             dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng,
             dropout_row_ids=row_ids, deterministic=deterministic)
         out = Projection(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), ("embed",),
@@ -306,8 +317,11 @@ class Transformer(nn.Module):
                 self.rel_pos = table()
             else:
                 self.rel_pos_layers = [table(name=f"rel_pos_{i}") for i in range(cfg.num_layers)]
-        self.layers = [_layer_class(cfg.remat)(cfg, name=f"layers_{i}")
-                       for i in range(cfg.num_layers)]
+        if cfg.scan_layers:  # one layer, applied num_layers times by `layer_stack.run_stack`
+            self.layers = _layer_class(cfg.remat)(cfg)  # named "layers" (the attribute)
+        else:
+            self.layers = [_layer_class(cfg.remat)(cfg, name=f"layers_{i}")
+                           for i in range(cfg.num_layers)]
         if cfg.ln_style == "pre":
             self.final_norm = layer_norm(cfg, "final_norm")
         if self.with_mlm_head:
@@ -360,10 +374,18 @@ class Transformer(nn.Module):
                             row_ids)
         tables = self._relative_tables(positions, positions)
         hidden = [x]
-        for i, layer in enumerate(self.layers):
-            x = layer(x, attention_mask, tables[i], deterministic, encoder_states, cross_mask,
-                      row_ids=row_ids)
-            hidden.append(x)
+        if cfg.scan_layers:
+            x, outputs = layer_stack.run_stack(
+                self.layers, x, num_layers=cfg.num_layers, mask=attention_mask,
+                **self._stack_tables(tables), deterministic=deterministic,
+                encoder_states=encoder_states, cross_mask=cross_mask, row_ids=row_ids,
+                keep_outputs=return_hidden_states)
+            hidden += list(outputs) if return_hidden_states else [x]
+        else:
+            for i, layer in enumerate(self.layers):
+                x = layer(x, attention_mask, tables[i], deterministic, encoder_states,
+                          cross_mask, row_ids=row_ids)
+                hidden.append(x)
         if cfg.ln_style == "pre":
             x = self.final_norm(x)
             hidden[-1] = x
@@ -372,13 +394,27 @@ class Transformer(nn.Module):
 
     def _relative_tables(self, positions_q: Array, positions_k: Array) -> list[Array | None]:
         """Each layer's raw relative bias [B, H, Tq, Tk] (the shared table computed once), or
-        None per layer for a model without relative positions."""
+        None per layer for a model without relative positions. With the "pallas" attention
+        backend each is a `position.RelativeBias` (table values + positions) instead, which
+        the kernel computes block by block rather than materialising."""
         cfg = self.config
         if cfg.position_type not in ("relative", "both"):
             return [None] * cfg.num_layers
+        # the "pallas" backend computes the bias in its kernel from a description of it
+        describe = cfg.attention_backend == "pallas"
         if cfg.share_relative_table:
-            return [self.rel_pos(positions_q, positions_k)] * cfg.num_layers
-        return [table(positions_q, positions_k) for table in self.rel_pos_layers]
+            return [self.rel_pos(positions_q, positions_k, describe)] * cfg.num_layers
+        return [table(positions_q, positions_k, describe) for table in self.rel_pos_layers]
+
+    def _stack_tables(self, tables: list[Any]) -> dict[str, Any]:
+        """`_relative_tables` as the scan takes them: the shared table broadcast to every
+        layer, per-layer tables stacked (every array leaf gains a leading layer axis, e.g.
+        [N, B, H, Tq, Tk]) as a scanned input."""
+        per_layer = tables[0] is not None and not self.config.share_relative_table
+        if per_layer:
+            return {"tables": jax.tree_util.tree_map(lambda *t: jnp.stack(t), *tables),
+                    "tables_per_layer": True}
+        return {"tables": tables[0], "tables_per_layer": False}
 
     @staticmethod
     def init_cache(config: ModelConfig, rows: int, max_length: int) -> tuple[LayerCache, ...]:
@@ -407,10 +443,23 @@ class Transformer(nn.Module):
         keys = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None], (rows, length))
         tables = self._relative_tables(positions, keys)
         new_cache = []
-        for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(x, mask, tables[i], True, encoder_states, cross_mask,
-                                   cache[i], step)
-            new_cache.append(layer_cache)
+        if cfg.scan_layers:
+            # The per-layer caches go in stacked and come out split again, so the cache keeps
+            # the loop's layout (a tuple of [N, L, H, dh] arrays, what `decoding` reorders by
+            # row); this costs one copy of the cache per step.
+            stacked = jax.tree_util.tree_map(lambda *c: jnp.stack(c), *cache)
+            x, stacked = layer_stack.run_stack(
+                self.layers, x, num_layers=cfg.num_layers, mask=mask,
+                **self._stack_tables(tables), deterministic=True,
+                encoder_states=encoder_states, cross_mask=cross_mask, cache=stacked,
+                cache_index=step)
+            new_cache = [jax.tree_util.tree_map(lambda c: c[i], stacked)
+                         for i in range(cfg.num_layers)]
+        else:
+            for i, layer in enumerate(self.layers):
+                x, layer_cache = layer(x, mask, tables[i], True, encoder_states, cross_mask,
+                                       cache[i], step)
+                new_cache.append(layer_cache)
         if cfg.ln_style == "pre":
             x = self.final_norm(x)
         return x, tuple(new_cache)

@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xlm_jax.models import layer_stack
 from xlm_jax.models import masks as masks_lib
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import ENCODER, OBJECTIVES, ROW_IDS, Batch, LossOutput, Objective
@@ -169,13 +170,16 @@ class Translation(Objective):
     def adapt_pretrained(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """After `init_from`: decoder layer i <- stack layer `source_layers()[i]` (every block
         the stack has; a stack without cross-attention, e.g. XLM-R, leaves the decoder's
-        cross-attention at its initialisation)."""
-        decoder = dict(params[OBJECTIVES][self.decoder_module])
+        cross-attention at its initialisation). Either side may be stacked
+        (`ModelConfig.scan_layers`): both are read per layer, the decoder is written back in its
+        own layout."""
+        decoder = layer_stack.unstack_layers(params[OBJECTIVES][self.decoder_module])
+        stack = layer_stack.unstack_layers(params[ENCODER])
         for i, src in enumerate(self.source_layers()):
             layer = dict(decoder[f"layers_{i}"])
-            layer.update({k: v for k, v in params[ENCODER][f"layers_{src}"].items()
-                          if k in layer})
+            layer.update({k: v for k, v in stack[f"layers_{src}"].items() if k in layer})
             decoder[f"layers_{i}"] = layer
+        decoder = layer_stack.to_layout(decoder, self.decoder_config.scan_layers)
         return {**params, OBJECTIVES: {**params[OBJECTIVES], self.decoder_module: decoder}}
 
     def decoder_params(self, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from xlm_jax import model_dir as md
+from xlm_jax.models import layer_stack
 from xlm_jax.train.optim import param_path_names
 
 PyTree = Any
@@ -117,6 +118,15 @@ def check_compatible(saved_metadata_tree: PyTree, abstract_state: PyTree, *,
             "(objective-owned modules); a run cannot resume across that change. Start a new "
             "model_dir with loop.train.init_from set to this model_dir: it loads the encoder "
             "weights (the optimizer and objective state start afresh)")
+    saved_layout, want_layout = layer_stack.names_layout(saved), layer_stack.names_layout(want)
+    if None not in (saved_layout, want_layout) and saved_layout != want_layout:
+        # The optimizer state mirrors the parameters, so a resume would convert it too; a new
+        # run from the weights is the supported way across layouts.
+        raise layer_stack.layout_error(
+            saved_layout, want_layout, where,
+            f"resume with ModelConfig.scan_layers={saved_layout}, or start a new model_dir "
+            "with loop.train.init_from set to this model_dir: it loads the encoder weights in "
+            "either layout (the optimizer and objective state start afresh)")
     problems = []
     for name, shape in want.items():
         if name not in saved:

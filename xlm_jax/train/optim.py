@@ -10,7 +10,9 @@ at 2.0 in XLM-E, Table 10, and 1.0 in InfoXLM, Table 10: the run files set `clip
 and LLRD is the usual fine-tuning trick for these encoders. Parameter names follow
 the model's tree (`embeddings/...`, `layers_{i}/...`, `mlm_head/...`); params may be
 boxed in `flax.linen.Partitioned` (logical-axis metadata), and every function here
-accepts boxed and unboxed trees alike. In a train state (`{"encoder", "objectives"}`) LLRD
+accepts boxed and unboxed trees alike. A stacked encoder (`ModelConfig.scan_layers`: one
+`layers/...` subtree whose leaves have a leading layer axis) gets LLRD per slice of that axis,
+exactly the per-layer factors of `layers_i`. In a train state (`{"encoder", "objectives"}`) LLRD
 applies to the encoder subtree only; an objective's modules (a generator has `layers_i`
 of its own) get `module_lr_multipliers[module]` (default 1) instead.
 """
@@ -26,6 +28,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax.core import meta
 
@@ -33,6 +36,7 @@ PyTree = Any
 
 _SCHEDULES = ("linear", "cosine", "constant")
 _LAYER_RE = re.compile(r"^(?:layers|rel_pos)_(\d+)$")
+_STACK = "layers"  # the stacked encoder layers (xlm_jax.models.layer_stack.STACK)
 _NORM_RE = re.compile(r"norm", re.IGNORECASE)
 
 
@@ -207,17 +211,21 @@ def weight_decay_mask(params: PyTree) -> PyTree:
     return map_named_params(lambda names, _: not _no_decay(names), params)
 
 
-def layer_index(path: tuple[str, ...], num_layers: int) -> int:
+def layer_index(path: tuple[str, ...], num_layers: int) -> int | np.ndarray:
     """Depth of a parameter for layer-wise LR decay.
 
     embeddings and the shared rel_pos table -> 0, layers_i (and rel_pos_i, the per-layer
     relative table that layer i uses) -> i + 1, everything else (heads, final_norm,
     projections) -> num_layers + 1. The first recognised path component decides, so a
-    leading collection name such as 'params' or a wrapper module is skipped.
+    leading collection name such as 'params' or a wrapper module is skipped. A parameter of
+    the stacked layers (`layers/...`, leading axis = layer) -> the array [1, ..., num_layers],
+    one depth per slice.
     """
     for name in path:
         if name in ("embeddings", "rel_pos"):  # shared tables feed every layer
             return 0
+        if name == _STACK:
+            return np.arange(1, num_layers + 1)
         m = _LAYER_RE.match(name)
         if m:
             i = int(m.group(1))
@@ -230,7 +238,7 @@ def layer_index(path: tuple[str, ...], num_layers: int) -> int:
 
 def layerwise_lr_factors(params: PyTree, num_layers: int, decay: float) -> PyTree:
     """Same-structure tree of python floats: decay ** (num_layers + 1 - layer_index) in the
-    encoder, 1 in objective modules."""
+    encoder, 1 in objective modules (a [num_layers] array at a stacked layer parameter)."""
     cfg = OptimizerConfig(layerwise_lr_decay=decay, num_layers=num_layers)
     return map_named_params(lambda names, _: lr_factor(names, cfg), params)
 
@@ -238,16 +246,32 @@ def layerwise_lr_factors(params: PyTree, num_layers: int, decay: float) -> PyTre
 OBJECTIVES_KEY = "objectives"  # train-state params: {"encoder": ..., "objectives": {module: ...}}
 
 
-def lr_factor(names: tuple[str, ...], cfg: OptimizerConfig) -> float:
+def lr_factor(names: tuple[str, ...], cfg: OptimizerConfig) -> float | np.ndarray:
     """The learning-rate factor of one parameter: `module_lr_multipliers[module]` (default 1)
-    inside `objectives/<module>/...`, else the layer-wise decay factor (1 without LLRD)."""
+    inside `objectives/<module>/...`, else the layer-wise decay factor (1 without LLRD); for a
+    stacked layer parameter the [num_layers] factors of its slices."""
     if OBJECTIVES_KEY in names[:-1]:
         module = names[names.index(OBJECTIVES_KEY) + 1]
         return float(dict(cfg.module_lr_multipliers).get(module, 1.0))
     if cfg.layerwise_lr_decay is None:
         return 1.0
-    return float(cfg.layerwise_lr_decay ** (cfg.num_layers + 1
-                                            - layer_index(names, cfg.num_layers)))
+    factor = cfg.layerwise_lr_decay ** (cfg.num_layers + 1 - layer_index(names, cfg.num_layers))
+    return np.asarray(factor, np.float64) if np.ndim(factor) else float(factor)
+
+
+def _scale(names: tuple[str, ...], update: Any, cfg: OptimizerConfig) -> Any:
+    """`update * lr_factor(names)`, the per-slice factors of a stacked layer parameter
+    broadcast along its leading (layer) axis."""
+    factor = lr_factor(names, cfg)
+    if not np.ndim(factor):
+        return update * factor
+    if update.ndim < 1 or update.shape[0] != factor.shape[0]:
+        raise ValueError(f"parameter '{'/'.join(names)}' of shape {tuple(update.shape)} is a "
+                         f"stacked layer parameter but its leading axis is not "
+                         f"num_layers={cfg.num_layers} (OptimizerConfig.num_layers must be the "
+                         "model's)")
+    factor = factor.reshape((-1,) + (1,) * (update.ndim - 1))
+    return update * jnp.asarray(factor, update.dtype)
 
 
 def check_module_multipliers(cfg: OptimizerConfig, modules: Mapping[str, Any]) -> None:
@@ -281,7 +305,7 @@ def scale_by_lr_factor(cfg: OptimizerConfig) -> optax.GradientTransformation:
 
     def update_fn(updates, state, params=None):
         del params
-        scaled = map_named_params(lambda names, u: u * lr_factor(names, cfg), updates)
+        scaled = map_named_params(lambda names, u: _scale(names, u, cfg), updates)
         return scaled, state
 
     return optax.GradientTransformation(init_fn, update_fn)

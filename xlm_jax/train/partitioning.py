@@ -50,6 +50,12 @@ def standard_logical_axis_rules(overrides: Sequence[tuple[str, Any]] = ()) -> Ru
         "languages": None,
         "relpos_buckets": None,
         "scalar": None,
+        # The leading layer axis of the stacked parameters (`ModelConfig.scan_layers`). Never
+        # sharded: each scan iteration reads one layer's slice, and with that axis split over
+        # devices every iteration would first gather its slice from the one device holding it
+        # (a pipeline would shard it; a scan does not). The per-layer dimensions below it keep
+        # their own rules, so a stacked model is sharded as the per-layer one is.
+        "layers": None,
         # activations
         "activation_batch": ("data", "fsdp"),
         "activation_length": None,

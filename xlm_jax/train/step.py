@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 from xlm_jax.convert import hf
+from xlm_jax.models import layer_stack
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import ENCODER, OBJECTIVES, ROW_IDS, Batch, Objective
 from xlm_jax.train import optim as optim_lib
@@ -268,10 +269,23 @@ def load_pretrained_params(params: Any, pretrained: Any, source: str,
     initialisation; a shape mismatch is a one-line error naming the parameter. With
     `vocab_size` (the model's unpadded vocabulary), vocabulary tables may differ in padding
     rows only: their first `vocab_size` rows are copied and the padding rows keep their init.
+
+    Either layer layout loads into either (`xlm_jax.models.layer_stack`): `pretrained` is
+    converted to the model's. As in the per-layer layout, where the layers the model has and
+    the pretrained model lacks keep their init (and the others are not read), a stack of
+    another depth gives its first min(N, N') layers.
     """
+    pretrained = layer_stack.to_layout(
+        pretrained, bool(layer_stack.is_stacked(params[ENCODER])))
     flat_pre = {jax.tree_util.keystr(p): v for p, v in
                 jax.tree_util.tree_flatten_with_path(pretrained)[0]}
     vocab_keys = {"".join(f"[{k!r}]" for k in path.split("/")) for path in hf.VOCAB_PARAMS}
+    stack_prefix = jax.tree_util.keystr((jax.tree_util.DictKey(layer_stack.STACK),))
+
+    def rows_into(value: Any, new: Any, n: int) -> Any:
+        # The rows from the host: the loaded table may be committed to one device while
+        # `value` is sharded over the run's mesh, and jax refuses to combine the two.
+        return jnp.asarray(value).at[:n].set(np.asarray(new[:n], value.dtype))
 
     def pick(path, value):
         key = jax.tree_util.keystr(path)
@@ -280,10 +294,10 @@ def load_pretrained_params(params: Any, pretrained: Any, source: str,
         new = flat_pre[key]
         if (vocab_size and key in vocab_keys and new.shape[1:] == value.shape[1:]
                 and min(new.shape[0], value.shape[0]) >= vocab_size):
-            # The rows from the host: the loaded table may be committed to one device while
-            # `value` is sharded over the run's mesh, and jax refuses to combine the two.
-            rows = np.asarray(new[:vocab_size], value.dtype)
-            return jnp.asarray(value).at[:vocab_size].set(rows)
+            return rows_into(value, new, vocab_size)
+        if (key.startswith(stack_prefix) and new.shape[1:] == value.shape[1:]
+                and new.shape[0] != value.shape[0]):  # a stack of another depth
+            return rows_into(value, new, min(new.shape[0], value.shape[0]))
         if tuple(new.shape) != tuple(value.shape):
             raise ValueError(f"{source}: parameter {key} has shape {tuple(new.shape)} but the "
                              f"model expects {tuple(value.shape)}")
