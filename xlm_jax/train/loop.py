@@ -74,9 +74,16 @@ class TrainResult:
     shapes: dict[str, mixture.Shape]
 
 
-def model_config(size: str = "base", overrides: Mapping[str, Any] | None = None) -> ModelConfig:
-    """gin-friendly `get_config`: a named size plus a dict of field overrides."""
-    return get_config(size, **dict(overrides or {}))
+def model_config(size: str = "base", overrides: Mapping[str, Any] | None = None,
+                 dtype: str | None = None) -> ModelConfig:
+    """gin-friendly `get_config`: a named size plus a dict of field overrides. `dtype` (the
+    compute dtype; parameters keep `param_dtype`) is its own binding so that a command line can
+    change it without restating a run file's whole `overrides` dict
+    (`--gin.loop.model_config.dtype="'float32'"`); it wins over `overrides['dtype']`."""
+    fields = dict(overrides or {})
+    if dtype is not None:
+        fields["dtype"] = dtype
+    return get_config(size, **fields)
 
 
 def _run_info() -> dict[str, Any]:
@@ -204,10 +211,20 @@ def _announce_resume(model_dir: str, start: int, seqio_tasks: Sequence[str], out
               file=out, flush=True)
 
 
-def _build_objectives(net: Transformer, specs: Mapping[str, ObjectiveSpec],
-                      axis_rule_overrides: Sequence[tuple[str, Any]],
-                      optimizer: optim_lib.OptimizerConfig, check_tasks: bool
-                      ) -> tuple[list[step_lib.WeightedObjective], partitioning.Rules]:
+def check_batches(shapes: Mapping[str, mixture.Shape], batch_size: int, accum_steps: int,
+                  mesh: jax.sharding.Mesh) -> None:
+    """Raises a one-line ValueError when the run's batch, or an objective's own batch, does
+    not split evenly over the mesh's data-parallel axes (per microbatch)."""
+    _check_batch(batch_size, accum_steps, mesh)
+    for name, shape in shapes.items():
+        if shape.batch_size != batch_size:
+            _check_batch(shape.batch_size, accum_steps, mesh, name)
+
+
+def build_objectives(net: Transformer, specs: Mapping[str, ObjectiveSpec],
+                     axis_rule_overrides: Sequence[tuple[str, Any]],
+                     optimizer: optim_lib.OptimizerConfig, check_tasks: bool
+                     ) -> tuple[list[step_lib.WeightedObjective], partitioning.Rules]:
     """The mixture's objectives and the run's rule table, after the checks that need no
     shapes: each seqio task's kind, module names, rules, learning-rate multipliers."""
     objs = [step_lib.WeightedObjective(spec.factory(model=net, name=name), spec.weight)
@@ -232,6 +249,53 @@ def _check_declarations(objectives: Sequence[Objective], init_fn: Callable[..., 
     declarations.check_shared_shapes(
         objectives, lambda o: jax.eval_shape(o.init_modules, jax.random.PRNGKey(0)))
     return boxed
+
+
+@dataclasses.dataclass(frozen=True)
+class StateParts:
+    """The optimiser, the init function and the sharded abstract state of a run: what the
+    train step is compiled against (`train` and `xlm_jax.pod_memory` build it the same way)."""
+
+    schedule: Any  # optax schedule (reported as the learning_rate metric)
+    tx: Any  # optax.GradientTransformation
+    init_fn: Callable[..., step_lib.TrainState]  # rng -> boxed TrainState
+    abstract: Any  # unboxed TrainState of jax.ShapeDtypeStruct
+    shardings: Any  # TrainState of NamedSharding
+
+
+def build_state(net: Transformer, objs: Sequence[step_lib.WeightedObjective],
+                specs: Mapping[str, ObjectiveSpec], rules: partitioning.Rules,
+                languages: Sequence[str] | None, optimizer: optim_lib.OptimizerConfig,
+                seq_len: int, mesh: jax.sharding.Mesh, check_tasks: bool) -> StateParts:
+    """Binds the run's language table to the objectives (checking each seqio task's languages
+    when `check_tasks`), builds the optimiser and init function, checks the declarations
+    against the traced state and derives its shardings; traces only, allocates nothing."""
+    for o in objs:
+        o.objective.bind_languages(languages)
+        if check_tasks:
+            task_codes = data_lib.task_languages(specs[o.name].task)
+            if task_codes:
+                o.objective.check_task_languages(task_codes)
+    schedule = optim_lib.make_schedule(optimizer)
+    tx = optim_lib.make_optimizer(optimizer)
+    init_fn = step_lib.make_init_fn(net, objs, tx, seq_len)
+    boxed = _check_declarations([o.objective for o in objs], init_fn, rules)
+    abstract, shardings = step_lib.state_shardings(init_fn, mesh, rules, boxed)
+    return StateParts(schedule, tx, init_fn, abstract, shardings)
+
+
+def jit_train_step(objs: Sequence[step_lib.WeightedObjective], parts: StateParts,
+                   mesh: jax.sharding.Mesh, accum_steps: int, loss_normalization: str
+                   ) -> Callable[..., Any]:
+    """The jitted train step `(state, batches, rng) -> (state, metrics)`: the state sharded
+    by `parts.shardings` and donated, batches as given (`batch_sharding`), rng and metrics
+    replicated. Trace it inside `partitioning.activate(mesh, rules)`."""
+    return jax.jit(
+        step_lib.make_train_step(objs, parts.tx, parts.schedule, accum_steps,
+                                 loss_normalization),
+        in_shardings=(parts.shardings, None, partitioning.replicated(mesh)),
+        out_shardings=(parts.shardings, partitioning.replicated(mesh)),
+        donate_argnums=(0,))
 
 
 @gin.configurable(denylist=["model_dir"])
@@ -295,10 +359,7 @@ def train(model_dir: str,
     ckpt = ckpt_lib.Checkpointer(model_dir, checkpoint)  # fails now if model_dir is unwritable
     shapes = mixture.resolve(objectives, batch_size, seq_len)
     device_mesh = partitioning.make_mesh(mesh, jax.devices()[:num_devices] if num_devices else None)
-    _check_batch(batch_size, accum_steps, device_mesh)
-    for name, shape in shapes.items():
-        if shape.batch_size != batch_size:
-            _check_batch(shape.batch_size, accum_steps, device_mesh, name)
+    check_batches(shapes, batch_size, accum_steps, device_mesh)
     if not force_synthetic:  # synthetic runs (the benchmark) must not need TensorFlow
         data_lib.import_modules(task_modules)
     # the seqio tasks/mixtures the run reads (none when every stream is synthetic)
@@ -308,22 +369,14 @@ def train(model_dir: str,
     periodic_eval.check_keep_best(checkpoint, retrieval, model)
 
     net = Transformer(model)
-    objs, rules = _build_objectives(net, objectives, axis_rule_overrides, optimizer,
-                                    check_tasks=not force_synthetic)
+    objs, rules = build_objectives(net, objectives, axis_rule_overrides, optimizer,
+                                   check_tasks=not force_synthetic)
     periodic = None if retrieval is None else periodic_eval.PeriodicRetrieval(  # checks its dir
         retrieval, model, model_dir, spm_model, languages, rules,
         at_saves=save_checkpoints and checkpoint.keep_best > 0)
-    for o in objs:
-        o.objective.bind_languages(languages)
-        if not force_synthetic:
-            task_codes = data_lib.task_languages(objectives[o.name].task)
-            if task_codes:
-                o.objective.check_task_languages(task_codes)
-    schedule = optim_lib.make_schedule(optimizer)
-    tx = optim_lib.make_optimizer(optimizer)
-    init_fn = step_lib.make_init_fn(net, objs, tx, seq_len)
-    boxed = _check_declarations([o.objective for o in objs], init_fn, rules)
-    abstract, shardings = step_lib.state_shardings(init_fn, device_mesh, rules, boxed)
+    parts = build_state(net, objs, objectives, rules, languages, optimizer, seq_len,
+                        device_mesh, check_tasks=not force_synthetic)
+    init_fn, abstract, shardings = parts.init_fn, parts.abstract, parts.shardings
     is_primary = jax.process_index() == 0
     if is_primary:
         _write_model_files(model_dir, model, spm_model, languages)
@@ -351,11 +404,7 @@ def train(model_dir: str,
         unsaveable: set[str] = set()
         if not mixture.is_default(shapes, batch_size, seq_len):
             print(f"mixture: {mixture.describe(shapes)}", file=out, flush=True)
-        step_fn = jax.jit(
-            step_lib.make_train_step(objs, tx, schedule, accum_steps, loss_normalization),
-            in_shardings=(shardings, None, partitioning.replicated(device_mesh)),
-            out_shardings=(shardings, partitioning.replicated(device_mesh)),
-            donate_argnums=(0,))
+        step_fn = jit_train_step(objs, parts, device_mesh, accum_steps, loss_normalization)
         eval_fn = jax.jit(step_lib.make_eval_step(objs))
         writer = metrics_lib.MetricsWriter(model_dir, is_primary=is_primary, resume_step=start)
         progress = metrics_lib.Progress(train_steps, out=out, log_every=log_every,
