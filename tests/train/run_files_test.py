@@ -71,3 +71,37 @@ def test_veco_from_xlmr_trains_the_cross_attention_first():
     got = _query("runs/veco_large_from_xlmr.gin", "optim.OptimizerConfig.train_only",
                  "%TRAIN_ONLY_STEPS", "%INIT_FROM", "%TRAIN_STEPS")
     assert got == ["cross_attention", 10000, "x", 240000]
+
+
+def test_every_pretraining_run_file_computes_in_bf16_with_float32_weights():
+    """The accelerator default: bf16 activations, float32 parameters (and so float32 optimiser
+    moments), in every run file and the files that include one."""
+    import glob
+    import os
+
+    from xlm_jax.models.config import ModelConfig
+
+    root = os.path.join(os.path.dirname(gin_utils.__file__), "..", "..", "gin_configs")
+    paths = sorted(os.path.relpath(p, root) for p in glob.glob(f"{root}/runs/**/*.gin",
+                                                                recursive=True))
+    assert len(paths) >= 20, paths
+    assert ModelConfig().param_dtype == "float32"
+    for path in paths:
+        gin.clear_config()
+        try:
+            gin_utils.parse([path], REQUIRED + ["XLCO_TASK='x'", "TRAIN_STEPS=1"])
+            dtype = gin.query_parameter("loop.model_config.dtype")
+            overrides = (gin.query_parameter("loop.model_config.overrides")
+                         if _bound("loop.model_config.overrides") else {})
+        finally:
+            gin.clear_config()
+        # the dedicated binding wins over overrides['dtype'] (loop.model_config)
+        assert dtype == "bfloat16" and "param_dtype" not in overrides, path
+
+
+def _bound(name):
+    try:
+        gin.query_parameter(name)
+        return True
+    except ValueError:
+        return False
