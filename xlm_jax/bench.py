@@ -227,13 +227,7 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
     extra = ["loop.train.save_checkpoints = False",
              "loop.train.force_synthetic = True",
              "loop.train.log_every = 1",  # the host waits for every step: per-step times
-             "loop.train.eval_every = 0",
-             # run files leave these to the user; the benchmark needs neither real data nor a
-             # schedule length (an unused macro binding is harmless)
-             "TRAIN_STEPS = 1000000", "MONO_TASK = 'synthetic:mono'",
-             "PAIR_TASK = 'synthetic:pair'", "TASK_MODULES = []", "XLCO_TASK = 'synthetic:mixup'",
-             "VECO_MONO_TASK = 'synthetic:veco'", "VECO_BI_TASK = 'synthetic:pair'",
-             "TARGET_LANGUAGES = ['de', 'fr']", "INIT_FROM = None"]
+             "loop.train.eval_every = 0", *gin_utils.SYNTHETIC_RUN_MACROS]
     if batch_size:
         extra.append(f"loop.train.batch_size = {batch_size}")
     if seq_len:

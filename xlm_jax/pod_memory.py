@@ -49,11 +49,6 @@ from typing import Any
 GIB = 2**30
 CAPACITIES_GIB = {"TPU v4 (16 GiB)": 16, "TPU v5p (95 GiB)": 95, "H100 (80 GiB)": 80}
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
-# Run files leave the data and the schedule length to the user; compiling needs neither (the
-# synthetic streams stand in for the tasks, as in xlm_jax.bench).
-PLACEHOLDER_BINDINGS = ("TRAIN_STEPS = 1000000", "MONO_TASK = 'synthetic:mono'",
-                        "PAIR_TASK = 'synthetic:pair'", "TASK_MODULES = []",
-                        "XLCO_TASK = 'synthetic:mixup'", "INIT_FROM = None")
 _ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
              "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 _ARRAY = re.compile(r"\b([a-z]+[0-9]*(?:e[0-9]m[0-9][a-z]*)?)\[([0-9,]*)\]")
@@ -371,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from xlm_jax.train import gin_utils
 
-    extra = list(PLACEHOLDER_BINDINGS)
+    extra = list(gin_utils.SYNTHETIC_RUN_MACROS)
     if args.size:
         extra.append(f"loop.model_config.size = {args.size!r}")
     gin_utils.parse(args.gin_file, extra + bindings)

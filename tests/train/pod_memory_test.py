@@ -41,7 +41,7 @@ def tiny_gin():
     """The tiny configuration parsed in this process (8 devices from tests/conftest.py)."""
     gin.clear_config()
     gin_utils.parse(["runs/xlmr_base_mmlm.gin"], [
-        *pod_memory.PLACEHOLDER_BINDINGS, "loop.model_config.size = 'tiny'",
+        *gin_utils.SYNTHETIC_RUN_MACROS, "loop.model_config.size = 'tiny'",
         "loop.model_config.overrides = {'num_layers': 2}", "loop.model_config.dtype = 'float32'"])
     yield
     gin.clear_config()

@@ -21,6 +21,15 @@ GIN_CONFIG_DIRS = (os.path.join(PACKAGE_ROOT, "gin_configs"),
                    os.path.join(PACKAGE_ROOT, "xlm_jax", "gin_configs"))
 
 
+# The run files leave their data and schedule length to the user (required macros); tools that
+# compile or time a run file without its data (`xlm_jax.bench`, `xlm_jax.pod_memory`) bind
+# these, with synthetic streams standing in for the tasks. An unused macro binding is harmless.
+SYNTHETIC_RUN_MACROS: tuple[str, ...] = (
+    "TRAIN_STEPS = 1000000", "MONO_TASK = 'synthetic:mono'", "PAIR_TASK = 'synthetic:pair'",
+    "TASK_MODULES = []", "XLCO_TASK = 'synthetic:mixup'", "VECO_MONO_TASK = 'synthetic:veco'",
+    "VECO_BI_TASK = 'synthetic:pair'", "TARGET_LANGUAGES = ['de', 'fr']", "INIT_FROM = None")
+
+
 def default_search_paths() -> list[str]:
     """Where gin files are looked for after `--gin_search_paths`: the working directory (at
     call time), the shipped gin_configs (checkout or installed) and the package root."""
