@@ -218,6 +218,7 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
                        profile_dir: str | None = None) -> BenchResult:
     """Trains `steps` + 1 steps (the first compiles) on synthetic batches, prints the figures
     and returns them."""
+    import gin
     import jax
 
     from xlm_jax.models import attention
@@ -243,12 +244,13 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
     gin_utils.parse(gin_files, list(bindings) + extra)
     # A mixture of phases (VECO alternates two) compiles once per phase: the first `cycle`
     # steps compile, then whole cycles are timed.
-    cycle = _cycle_length()
+    cycle = mixture.cycle_length(
+        mixture.resolve(gin.get_bindings("loop.train").get("objectives", {}), 1, 1))
     timed = -(-steps // cycle) * cycle
-    extra += [f"loop.train.train_steps = {cycle + timed}"]
+    gin.bind_parameter("loop.train.train_steps", cycle + timed)
     if profile_dir:  # trace every timed step
-        extra += [f"loop.train.profile_first_step = {cycle}", f"loop.train.profile_steps = {timed}"]
-    gin_utils.parse(gin_files, list(bindings) + extra)
+        gin.bind_parameter("loop.train.profile_first_step", cycle)
+        gin.bind_parameter("loop.train.profile_steps", timed)
     with tempfile.TemporaryDirectory() as tmp:
         result = loop.train(profile_dir or tmp, out=open("/dev/null", "w"))
     model_cfg, bs, sl = result.model, result.batch_size, result.seq_len
@@ -310,21 +312,6 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
         print(f"ratio    : xlm_jax / transformers tokens/s = "
               f"{tok_s / tr.tokens_per_second:.2f}")
     return bench
-
-
-def _cycle_length() -> int:
-    """Steps after which the parsed mixture's phases repeat (1 without phases): the lcm of the
-    configured objectives' `every`."""
-    import math
-
-    import gin
-
-    try:
-        specs = gin.query_parameter("loop.train.objectives")
-    except ValueError:
-        return 1
-    every = [getattr(ref.scoped_configurable_fn(), "every", 1) for ref in specs.values()]
-    return math.lcm(*every) if every else 1
 
 
 # The --table rows: (label, {size: gin files}). One per objective the library has.

@@ -344,12 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from xlm_jax.train.gin_utils import rewrite_gin_args
 
-    args, rest = p.parse_known_args(rewrite_gin_args(argv))
+    args = p.parse_args(rewrite_gin_args(argv))  # --gin.NAME=VALUE -> --gin_bindings
     bindings = list(args.gin_bindings)
-    for arg in rest:
-        if not arg.startswith("--gin_bindings="):
-            p.error(f"unrecognised argument {arg}")
-        bindings.append(arg.split("=", 1)[1])
     _setup_devices(args.devices)
     from xlm_jax.train import partitioning
 

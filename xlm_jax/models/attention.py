@@ -297,7 +297,6 @@ def dot_product_attention(
         materialised = relative.materialise()
         bias = materialised if bias is None else bias + materialised
     if backend == "cudnn":
-        _check_inputs(q, k, v, bias, mask)
         reason = cudnn_unavailable_reason(q, k, v, bias, mask, effective_rate)
         if reason is None:
             return _cudnn_attention(q, k, v, mask)

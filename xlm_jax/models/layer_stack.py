@@ -53,11 +53,7 @@ def _layer_keys(params: Mapping[str, Any]) -> list[str]:
 def is_stacked(params: Mapping[str, Any]) -> bool | None:
     """True for the stacked layout, False for the per-layer one, None when `params` has no
     encoder layers at all (e.g. a head's parameters)."""
-    if STACK in params:
-        return True
-    if any(_LAYER_RE.match(str(k)) for k in params):
-        return False
-    return None
+    return names_layout(params)
 
 
 def _is_box(x: Any) -> bool:

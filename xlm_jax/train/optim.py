@@ -32,11 +32,12 @@ import numpy as np
 import optax
 from flax.core import meta
 
+from xlm_jax.models import layer_stack
+
 PyTree = Any
 
 _SCHEDULES = ("linear", "cosine", "constant")
 _LAYER_RE = re.compile(r"^(?:layers|rel_pos)_(\d+)$")
-_STACK = "layers"  # the stacked encoder layers (xlm_jax.models.layer_stack.STACK)
 _NORM_RE = re.compile(r"norm", re.IGNORECASE)
 
 
@@ -224,7 +225,7 @@ def layer_index(path: tuple[str, ...], num_layers: int) -> int | np.ndarray:
     for name in path:
         if name in ("embeddings", "rel_pos"):  # shared tables feed every layer
             return 0
-        if name == _STACK:
+        if name == layer_stack.STACK:
             return np.arange(1, num_layers + 1)
         m = _LAYER_RE.match(name)
         if m:
