@@ -25,11 +25,12 @@ demo: $(VENV)/.installed
 # Two workers (pytest-xdist), each test file on one worker so its module fixtures are built
 # once: XLA compiles on one thread, so a second worker fills the second core while the first
 # compiles (measured back to back on the 2-core machine: 27.5 min against 38.6 min serial,
-# docs/NOTES.md). TEST_WORKERS=0 runs the suite in one process.
+# docs/NOTES.md). TEST_WORKERS=0 runs the suite in one process. `--durations` lists the
+# slowest tests at the end, so every CI log says where the suite's time goes.
 TEST_WORKERS ?= 2
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # Only the tests marked slow (base-size shapes, training from an installed wheel), which
 # `make test` skips.
