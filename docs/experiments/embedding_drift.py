@@ -32,8 +32,10 @@ from xlm_jax.evaluation import retrieval  # noqa: E402
 
 
 def both_ways(a: np.ndarray, b: np.ndarray) -> float:
-    """acc@1 (%) averaged over a -> b and b -> a."""
-    return 50.0 * (retrieval.retrieval_accuracy(a, b) + retrieval.retrieval_accuracy(b, a))
+    """acc@1 (%) averaged over a -> b and b -> a, as the library's `LanguageScore.mean`."""
+    score = retrieval.LanguageScore(retrieval.retrieval_accuracy(a, b),
+                                    retrieval.retrieval_accuracy(b, a), len(a))
+    return 100.0 * score.mean
 
 
 def centred(v: np.ndarray) -> np.ndarray:

@@ -112,16 +112,22 @@ planes { id: 2 name: "/host:CPU" }
 """
 
 
-def test_profile_summary_adds_up_device_op_time(tmp_path):
-    """A GPU trace written by hand (XSpace text proto): per-step times by op kind and by op."""
+def write_trace(root, xspace: str) -> str:
+    """Writes an XSpace text proto where jax.profiler puts a run's trace under `root`
+    (plugins/profile/RUN/HOST.xplane.pb) and returns `root` for summarize_profile."""
     from jax.profiler import ProfileData
 
+    run = root / "plugins" / "profile" / "2026_01_01"
+    run.mkdir(parents=True)
+    (run / "host.xplane.pb").write_bytes(ProfileData.text_proto_to_serialized_xspace(xspace))
+    return str(root)
+
+
+def test_profile_summary_adds_up_device_op_time(tmp_path):
+    """A GPU trace written by hand (XSpace text proto): per-step times by op kind and by op."""
     from xlm_jax.bench import summarize_profile
 
-    run = tmp_path / "plugins" / "profile" / "2026_01_01"
-    run.mkdir(parents=True)
-    (run / "host.xplane.pb").write_bytes(ProfileData.text_proto_to_serialized_xspace(XSPACE))
-    out = summarize_profile(str(tmp_path), steps=2)
+    out = summarize_profile(write_trace(tmp_path, XSPACE), steps=2)
     # ops: gemm 6 us, fusion 1 us, cuDNN 2 us = 9 us over 2 steps (the module line is not an op)
     assert "device op time per step 0.0 ms" in out, out  # 4.5 us per step
     lines = out.splitlines()
@@ -164,14 +170,9 @@ planes {
 def test_profile_summary_reads_xla_cpu_threads_on_a_host_trace(tmp_path):
     """A CPU run has no device plane: the XLA:CPU executor threads' op events are summed (the
     executor's wrapper events and the Python thread are not ops)."""
-    from jax.profiler import ProfileData
-
     from xlm_jax.bench import summarize_profile
 
-    run = tmp_path / "plugins" / "profile" / "2026_01_01"
-    run.mkdir(parents=True)
-    (run / "host.xplane.pb").write_bytes(ProfileData.text_proto_to_serialized_xspace(CPU_XSPACE))
-    out = summarize_profile(str(tmp_path), steps=1)
+    out = summarize_profile(write_trace(tmp_path, CPU_XSPACE), steps=1)
     lines = out.splitlines()
     # ops: YNNPACK dot fusion 6 us (two threads), copy 1 us, scatter 1 us = 8 us
     assert "XLA:CPU op time (summed over threads) per step 0.0 ms" in lines[0], out
