@@ -41,9 +41,8 @@ logger = logging.getLogger(__name__)
 
 VALID_BACKENDS: tuple[str, ...] = ("xla", "cudnn", "pallas")
 
-# Finite stand-in for -inf on masked logits: exp(-1e30 - max) underflows to exactly 0 in float32,
-# yet (unlike -inf) a row made only of it never produces inf - inf = NaN.
-_MASK_VALUE: float = -1e30
+# Finite stand-in for -inf on masked logits, one value for every backend (fused_attention's).
+_MASK_VALUE: float = fused_attention.MASK_VALUE
 
 # Reasons for which a cudnn -> xla fallback was already logged (log each once per process).
 _LOGGED_FALLBACK_REASONS: set[str] = set()

@@ -46,7 +46,9 @@ from jax.experimental import pallas as pl
 
 from xlm_jax.models.position import RelativeBias, relative_position_bucket
 
-# Same finite stand-in for -inf as attention._MASK_VALUE (the tests check they agree).
+# Finite stand-in for -inf on masked logits, shared with attention's XLA path: exp(-1e30 - max)
+# underflows to exactly 0 in float32, yet (unlike -inf) a row made only of it never produces
+# inf - inf = NaN.
 MASK_VALUE: float = -1e30
 # Our choice: 128x128 tiles are the usual flash-attention default on current GPUs.
 DEFAULT_BLOCK: int = 128
