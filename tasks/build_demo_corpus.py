@@ -33,7 +33,6 @@ Everything is sorted and seeded, so the same wheels give byte-identical files.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import hashlib
@@ -45,6 +44,7 @@ import sys
 import zipfile
 from typing import Iterable, Sequence
 
+from xlm_jax import cli_help
 from xlm_jax.data import sampling
 
 __all__ = [
@@ -475,7 +475,7 @@ def build(wheels: Sequence[str], out: str, heldout_size: int = HELDOUT_SIZE, tra
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli_help.Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--wheels", nargs="+", required=True,
                         help="wheel files or directories of wheels (django, wagtail)")
     parser.add_argument("--out", required=True, help="output directory, e.g. tasks/demo_data")

@@ -35,6 +35,8 @@ import re
 import sys
 from collections.abc import Sequence
 
+from xlm_jax import cli_help
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TATOEBA = os.path.join(HERE, "demo_data", "tatoeba")
 SPLITS = (("train", 70), ("dev", 80), ("test", 100))  # cumulative percent of the hash
@@ -119,8 +121,8 @@ def build(out_dir: str, tatoeba_dir: str = TATOEBA) -> dict[str, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tasks.build_demo_pawsx", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli_help.Parser(prog="python -m tasks.build_demo_pawsx", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="output folder (PAWS-X layout)")
     p.add_argument("--tatoeba_dir", default=TATOEBA)
     args = p.parse_args(argv)

@@ -16,7 +16,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
 import statistics
@@ -25,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
+from xlm_jax import cli_help
 from xlm_jax.models.config import ModelConfig
 
 
@@ -404,8 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from xlm_jax.train import cli
 
-    p = argparse.ArgumentParser(prog="python -m xlm_jax.bench", description=__doc__,
-                                formatter_class=cli.HelpFormatter)
+    p = cli_help.Parser(prog="python -m xlm_jax.bench", description=__doc__,
+                        formatter_class=cli.HelpFormatter)
     p.add_argument("--pipeline", default=None,
                    help="benchmark this seqio task's input pipeline instead")
     p.add_argument("--table", action="store_true",

@@ -3,6 +3,11 @@ the library, so that any CLI can use it without importing the trainer)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
+import re
+import sys
+import tempfile
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -14,3 +19,76 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         if action.default in (None, False) or "default" in text:
             return action.help
         return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """Every CLI's parser: `HelpFormatter` by default, and a usage error printed as ONE line,
+    `PROG: error: MESSAGE (--help lists every flag)`, exit status 2 — argparse's own error()
+    prints the whole usage block first, which pushes the message off a narrow terminal and
+    puts a second, unrelated line into a pod log. Subcommand parsers inherit the class."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (--help lists every flag)\n")
+
+
+# TensorFlow's start-up lines on a machine without a GPU, none of which a user can act on: since
+# TF logs through absl, they are written before absl is initialised and TF_CPP_MIN_LOG_LEVEL does
+# not hide them (measured with TF 2.21: `TF_CPP_MIN_LOG_LEVEL=2 python -c "import tensorflow"`
+# still prints all three kinds).
+_TF_NOISE = re.compile(
+    r"All log messages before absl::InitializeLog|cudart_stub\.cc|Could not find cuda drivers|"
+    r"oneDNN custom operations are on|Unable to register cu(DNN|FFT|BLAS) factory|"
+    r"computation_placer\.cc|This TensorFlow binary is optimized|To enable the following "
+    r"instructions|rebuild TensorFlow with the appropriate compiler flags|"
+    r"TF-TRT Warning|cuInit|failed call to cuInit")
+
+
+def quiet_tensorflow() -> None:
+    """Imports TensorFlow (when installed and not yet imported) quietly. TF serves only the
+    input pipeline in this library, and on a CPU machine everything it logs on its own is
+    noise a user cannot act on: its import lines (`_TF_NOISE`, dropped from stderr; every
+    other line TF or Python wrote meanwhile is written back in order), CUDA's failed cuInit
+    when TF first looks for GPUs (done here, and TF is kept off the GPUs, which belong to JAX,
+    as t5x does), and one "did not fully read the dataset being cached" WARNING per small task
+    when training stops mid-epoch (seqio caches small tasks in memory). TF's C++ log level is
+    set to errors only while TF and tensorflow_text are imported, which is when they read it,
+    and restored afterwards for XLA, which reads the same variable (TF_CPP_MIN_LOG_LEVEL) on
+    its own. A CLI that uses the input pipeline calls this first; `XLM_JAX_DEBUG=1` keeps
+    every line. Machines without TensorFlow skip it."""
+    if "tensorflow" in sys.modules or os.environ.get("XLM_JAX_DEBUG", "") not in ("", "0"):
+        return
+    if importlib.util.find_spec("tensorflow") is None:
+        return
+    sys.stderr.flush()
+    saved_fd = os.dup(2)
+    saved_level = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        os.dup2(captured.fileno(), 2)
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        try:
+            import tensorflow as tf  # pylint: disable=g-import-not-at-top
+            # tensorflow_text (seqio imports it) loads kernels that read the level again
+            if importlib.util.find_spec("tensorflow_text") is not None:
+                import tensorflow_text  # noqa: F401  pylint: disable=g-import-not-at-top
+            tf.config.list_physical_devices("GPU")
+            try:
+                tf.config.set_visible_devices([], "GPU")
+            except RuntimeError:  # TF's runtime already started: nothing to hide any more
+                pass
+        finally:
+            if saved_level is None:
+                os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
+            else:
+                os.environ["TF_CPP_MIN_LOG_LEVEL"] = saved_level
+            sys.stderr.flush()
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            captured.seek(0)
+            kept = [line for line in captured.read().decode("utf-8", "replace").splitlines(True)
+                    if not _TF_NOISE.search(line)]
+            sys.stderr.write("".join(kept))
+            sys.stderr.flush()

@@ -6,17 +6,18 @@ Tatoeba retrieval (`xlm_jax.evaluation.retrieval`) computes for the same layer, 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
+
+from xlm_jax import cli_help
 
 
 def main(argv: list[str] | None = None) -> int:
     from xlm_jax.cli_help import HelpFormatter
 
-    p = argparse.ArgumentParser(prog="python -m xlm_jax.encode", description=__doc__,
-                                formatter_class=HelpFormatter)
+    p = cli_help.Parser(prog="python -m xlm_jax.encode", description=__doc__,
+                        formatter_class=HelpFormatter)
     p.add_argument("--model", required=True, help="HF XLM-R dir or xlm_jax model dir")
     p.add_argument("--input", required=True, help="text file, one sentence per line")
     p.add_argument("--layer", type=int, default=8, help="0 = embeddings, L = last layer")

@@ -32,6 +32,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from xlm_jax import cli_help
+
 PLATFORMS = ("cuda", "tpu")
 BACKENDS = ("xla", "cudnn", "pallas", "auto")
 # The custom-call targets of the fused attention kernels in StableHLO text.
@@ -173,8 +175,8 @@ def lower(gin_files: Sequence[str], bindings: Sequence[str], platform: str,
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m xlm_jax.lower", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli_help.Parser(prog="python -m xlm_jax.lower", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gin_file", action="append", default=[],
                    help="run file(s), e.g. runs/xlme_base.gin (required)")
     p.add_argument("--gin_bindings", action="append", default=[],

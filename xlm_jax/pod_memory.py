@@ -34,7 +34,6 @@ optimiser state sharded 256 ways, ZeRO-3 style; our choice). Only the phase that
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import inspect
 import json
@@ -45,6 +44,8 @@ import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from xlm_jax import cli_help
 
 GIB = 2**30
 CAPACITIES_GIB = {"TPU v4 (16 GiB)": 16, "TPU v5p (95 GiB)": 95, "H100 (80 GiB)": 80}
@@ -331,8 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The CLI (see the module docstring); returns the exit status."""
     from xlm_jax.train import cli
 
-    p = argparse.ArgumentParser(prog="python -m xlm_jax.pod_memory", description=__doc__,
-                                formatter_class=cli.HelpFormatter)
+    p = cli_help.Parser(prog="python -m xlm_jax.pod_memory", description=__doc__,
+                        formatter_class=cli.HelpFormatter)
     p.add_argument("--gin_file", action="append", default=[], required=True,
                    help="run file (repeatable); --gin.NAME=VALUE binds")
     p.add_argument("--gin_bindings", action="append", default=[],

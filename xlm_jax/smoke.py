@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from xlm_jax import cli_help
 from xlm_jax.cli_help import HelpFormatter
 from xlm_jax.models import attention, attention_backends
 from xlm_jax.models.config import SIZES, ModelConfig, get_config
@@ -321,8 +322,8 @@ def table_markdown(rows: Sequence[Row]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m xlm_jax.smoke", description=__doc__,
-                                formatter_class=HelpFormatter)
+    p = cli_help.Parser(prog="python -m xlm_jax.smoke", description=__doc__,
+                        formatter_class=HelpFormatter)
     p.add_argument("--sizes", default="tiny,base",
                    help=f"comma-separated model sizes, of {', '.join(SIZES)}")
     p.add_argument("--backends", default=",".join(attention.VALID_BACKENDS),

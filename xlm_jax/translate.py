@@ -10,9 +10,10 @@ starts from random initialisation.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
+
+from xlm_jax import cli_help
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -20,8 +21,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from xlm_jax.train import cli, gin_utils, loop
 
     argv = gin_utils.rewrite_gin_args(list(sys.argv[1:] if argv is None else argv))
-    p = argparse.ArgumentParser(prog="python -m xlm_jax.translate", description=__doc__,
-                                formatter_class=cli.HelpFormatter)
+    p = cli_help.Parser(prog="python -m xlm_jax.translate", description=__doc__,
+                        formatter_class=cli.HelpFormatter)
     p.add_argument("--gin_file", action="append", required=True,
                    help="gin file (repeatable), e.g. finetune/veco_translate.gin")
     p.add_argument("--gin_bindings", action="append", default=[],
@@ -34,6 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bindings = list(args.gin_bindings)
     if args.init_from:
         bindings.append(f"loop.train.init_from = {args.init_from!r}")
+    cli_help.quiet_tensorflow()
     try:
         gin_utils.parse(args.gin_file, bindings)
         translation_eval.evaluate(args.model_dir, check_only=True)

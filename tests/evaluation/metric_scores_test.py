@@ -23,7 +23,9 @@ def _cli(*args):
 def _assert_cli_error(r, *fragments):
     assert r.returncode == 2 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    # bad input: `error: ...`; a usage error: `PROG: error: ... (--help lists every flag)`
+    assert len(lines) == 1 and lines[0].startswith(
+        ("error: ", "python -m xlm_jax.evaluation.metrics")) and "error: " in lines[0], r.stderr
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
 

@@ -5,14 +5,14 @@ XLM-R-compatible directory (config.json + model.safetensors) that `transformers`
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
+from xlm_jax import cli_help
 from xlm_jax.convert import hf as hf_lib
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m xlm_jax.convert", description=__doc__)
+    parser = cli_help.Parser(prog="python -m xlm_jax.convert", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     imp = sub.add_parser("import-hf", help="HF XLM-R directory -> xlm_jax model directory")
     imp.add_argument("--hf_dir", required=True, help="HF XLM-R directory (config.json, weights)")

@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from xlm_jax import cli_help
 from xlm_jax.data.features import BOS_ID, EOS_ID, PAD_ID, PREFIXES, UNK_ID
 
 __all__ = ["MemberFrequency", "format_example", "mixture_frequencies", "main"]
@@ -147,9 +148,9 @@ def mixture_frequencies(name: str, num_examples: int, sequence_length: int = 64,
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from xlm_jax.train import cli
 
-    parser = argparse.ArgumentParser(prog="python -m xlm_jax.data.inspect",
-                                     description=__doc__.split("\n\n")[0],
-                                     formatter_class=cli.HelpFormatter)
+    parser = cli_help.Parser(prog="python -m xlm_jax.data.inspect",
+                             description=__doc__.split("\n\n")[0],
+                             formatter_class=cli.HelpFormatter)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--task", help="task or mixture whose examples to print")
     which.add_argument("--mixture", help="mixture whose sampling frequencies to check")
@@ -163,6 +164,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "was registered with)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling")
     args = parser.parse_args(argv)
+    cli_help.quiet_tensorflow()
     return cli.run_reporting(lambda: _inspect(args))
 
 

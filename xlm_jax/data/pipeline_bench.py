@@ -16,7 +16,6 @@ both rows' tokens count.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import time
@@ -24,6 +23,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from xlm_jax import cli_help
 from xlm_jax.data.features import PAD_ID
 from xlm_jax.data.pipeline import make_batch_iterator
 
@@ -117,8 +117,8 @@ def resume_cost(task: str, batch_size: int, sequence_length: int, step: int, sta
 
 
 def main(argv: Optional[Sequence[str]] = None) -> PipelineBenchResult | list[ResumeCost]:
-    parser = argparse.ArgumentParser(prog="python -m xlm_jax.data.pipeline_bench",
-                                     description=__doc__.split("\n\n")[0])
+    parser = cli_help.Parser(prog="python -m xlm_jax.data.pipeline_bench",
+                             description=__doc__.split("\n\n")[0])
     parser.add_argument("--pipeline", required=True, help="registered task or mixture")
     parser.add_argument("--module", default="tasks.demo",
                         help="module that registers the task (default tasks.demo)")
@@ -130,6 +130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> PipelineBenchResult | list[Res
     parser.add_argument("--resume_at", default="",
                         help="comma-separated steps: time a resume at each instead")
     args = parser.parse_args(argv)
+    cli_help.quiet_tensorflow()
     try:
         importlib.import_module(args.module)
     except ImportError as e:

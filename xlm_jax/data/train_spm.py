@@ -15,7 +15,6 @@ input writes the same training text and the same model.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gzip
 import lzma
@@ -29,6 +28,7 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
+from xlm_jax import cli_help
 from xlm_jax.data import sampling
 from xlm_jax.data.vocab import SPM_TRAINER_IDS
 
@@ -231,9 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; prints the per-language mix."""
     from xlm_jax.train import cli
 
-    parser = argparse.ArgumentParser(prog="python -m xlm_jax.data.train_spm",
-                                     description=__doc__.split("\n\n")[0],
-                                     formatter_class=cli.HelpFormatter)
+    parser = cli_help.Parser(prog="python -m xlm_jax.data.train_spm",
+                             description=__doc__.split("\n\n")[0],
+                             formatter_class=cli.HelpFormatter)
     parser.add_argument("--input_dir", required=True, help="CC-100-layout dir of {lang}.txt[.xz|.gz]")
     parser.add_argument("--model_prefix", required=True, help="writes PREFIX.model and PREFIX.vocab")
     parser.add_argument("--vocab_size", type=int, default=8000,

@@ -35,7 +35,6 @@ xlm_jax does not ship.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -46,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from xlm_jax import cli_help
 from xlm_jax.evaluation import retrieval
 from xlm_jax.evaluation.metrics.bucc import bucc_scores
 
@@ -392,9 +392,9 @@ def evaluate(encoder: Any, bucc_dir: str, layer: int, languages: Sequence[str] |
 def main(argv: list[str] | None = None) -> int:
     from xlm_jax.cli_help import HelpFormatter
 
-    p = argparse.ArgumentParser(prog="python -m xlm_jax.evaluation.bucc",
-                                description=__doc__.split("\n\n")[1],
-                                formatter_class=HelpFormatter)
+    p = cli_help.Parser(prog="python -m xlm_jax.evaluation.bucc",
+                        description=__doc__.split("\n\n")[1],
+                        formatter_class=HelpFormatter)
     p.add_argument("--checkpoint", required=True, help="model directory (as retrieval)")
     p.add_argument("--step", type=int, default=None, help="trainer checkpoint step")
     p.add_argument("--bucc_dir", required=True, help=f"directory with {FILE_PATTERN}")

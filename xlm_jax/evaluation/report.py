@@ -22,6 +22,7 @@ import sys
 import numpy as np
 from etils import epath
 
+from xlm_jax import cli_help
 from xlm_jax.evaluation.retrieval import RetrievalResult
 
 METRICS_FILE = "metrics.jsonl"  # xlm_jax.model_dir.METRICS_FILE (not imported: it needs jax)
@@ -205,9 +206,9 @@ def write_report(model_dir: str, before: RetrievalResult, after: RetrievalResult
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m xlm_jax.evaluation.report",
-                                description=__doc__.split("\n\n")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli_help.Parser(prog="python -m xlm_jax.evaluation.report",
+                        description=__doc__.split("\n\n")[1],
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_dir", required=True, help=f"trainer model_dir with {METRICS_FILE}")
     p.add_argument("--before", required=True, help="retrieval JSON of the untrained model")
     p.add_argument("--after", required=True, help="retrieval JSON of the trained model")

@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from xlm_jax import cli_help
+
 FILE_PATTERN = "tatoeba.{xx}-eng.{xx} + tatoeba.{xx}-eng.eng"
 _SRC_RE = re.compile(r"^tatoeba\.([^./\\-]+)-eng\.([^./\\-]+)$")
 POOLS = ("mean", "cls")
@@ -495,9 +497,9 @@ def _layer_arg(text: str) -> int | str:
 def main(argv: list[str] | None = None) -> int:
     from xlm_jax.cli_help import HelpFormatter
 
-    p = argparse.ArgumentParser(prog="python -m xlm_jax.evaluation.retrieval",
-                                description=__doc__.split("\n\n")[1],
-                                formatter_class=HelpFormatter)
+    p = cli_help.Parser(prog="python -m xlm_jax.evaluation.retrieval",
+                        description=__doc__.split("\n\n")[1],
+                        formatter_class=HelpFormatter)
     p.add_argument("--checkpoint", required=True,
                    help="HF XLM-R dir, xlm_jax model dir, or trainer model_dir")
     p.add_argument("--step", type=int, default=None,

@@ -52,7 +52,6 @@ computed by `xlm_jax.evaluation.metrics.aer_files`.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -60,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from xlm_jax import cli_help
 from xlm_jax.evaluation import retrieval
 
 METHODS = ("sinkhorn", "xlmalign")
@@ -387,9 +387,9 @@ def align_files(encoder: Any, src_path: str, tgt_path: str, layer: int,
 def main(argv: list[str] | None = None) -> int:
     from xlm_jax.cli_help import HelpFormatter
 
-    p = argparse.ArgumentParser(prog="python -m xlm_jax.evaluation.word_alignment",
-                                description=__doc__.split("\n\n")[1],
-                                formatter_class=HelpFormatter)
+    p = cli_help.Parser(prog="python -m xlm_jax.evaluation.word_alignment",
+                        description=__doc__.split("\n\n")[1],
+                        formatter_class=HelpFormatter)
     p.add_argument("--checkpoint", required=True,
                    help="HF XLM-R dir, xlm_jax model dir, or trainer model_dir")
     p.add_argument("--step", type=int, default=None, help="trainer checkpoint step")

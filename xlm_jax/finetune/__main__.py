@@ -7,6 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from xlm_jax import cli_help
 from xlm_jax.train import cli
 
 
@@ -27,6 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcome = []
 
     def go() -> int:
+        cli_help.quiet_tensorflow()
         cli.parse_gin(args)
         outcome.append(run.finetune(args.model_dir, init_from=args.init_from))
         return 0

@@ -13,6 +13,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 
+from xlm_jax import cli_help
 from xlm_jax.cli_help import HelpFormatter
 
 # One flags style for every CLI of the library: argparse, `--name=value` or `--name value`,
@@ -30,7 +31,7 @@ DEBUG_ENV = "XLM_JAX_DEBUG"
 
 def gin_parser(prog: str, description: str, binding_example: str) -> argparse.ArgumentParser:
     """An argparse parser with the gin flags every gin-configured CLI takes."""
-    p = argparse.ArgumentParser(
+    p = cli_help.Parser(
         prog=prog, description=description, allow_abbrev=False,
         epilog="--gin.NAME=VALUE is short for --gin_bindings='NAME = VALUE'.",
         formatter_class=HelpFormatter)
@@ -68,8 +69,8 @@ def run_reporting(fn: Callable[[], int], args: argparse.Namespace | None = None,
 def parse_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | None
                 ) -> argparse.Namespace | int:
     """The parsed flags (`--gin.NAME=VALUE` rewritten to bindings first), or the exit code
-    when there is nothing to run: 0 after --help, argparse's code after a bad flag (argparse
-    printed the usage and the error)."""
+    when there is nothing to run: 0 after --help, 2 after a bad flag (`cli_help.Parser`
+    printed the one-line error)."""
     from xlm_jax.train import gin_utils
 
     argv = gin_utils.rewrite_gin_args(list(sys.argv if argv is None else argv))[1:]
@@ -145,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run() -> int:
         from xlm_jax.train import loop
 
+        cli_help.quiet_tensorflow()
         parse_gin(args)
         init_distributed(args)
         outcome.append(loop.train(args.model_dir))

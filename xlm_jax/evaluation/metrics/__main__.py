@@ -7,7 +7,7 @@ one JSON object of 0-100 scores on stdout.
     aer      Pharaoh alignments (gold: i-j sure, ipj possible) -> aer, precision, recall
     bucc     src_id<TAB>tgt_id pair files -> precision, recall, f1
 
-Any error (unreadable or malformed input) prints one line `error: ...` on stderr and exits 2.
+Any error (unreadable or malformed input, a usage error) prints one line on stderr and exits 2.
 """
 from __future__ import annotations
 
@@ -16,16 +16,10 @@ import json
 import sys
 from typing import Any, Callable, Sequence
 
+from xlm_jax import cli_help
 from xlm_jax.evaluation.metrics import (aer_files, bucc_files, mlqa_evaluate_files,
                                         seqeval_files, squad_evaluate_files)
 from xlm_jax.evaluation.metrics.squad import MLQA_LANGUAGES
-
-
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """Usage errors as one `error: ...` line and exit status 2 (no usage dump)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"error: {self.prog}: {message}\n")
 
 
 _METRICS: dict[str, tuple[str, Callable[..., dict[str, Any]]]] = {
@@ -41,7 +35,7 @@ _METRICS: dict[str, tuple[str, Callable[..., dict[str, Any]]]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's parser: one subcommand per metric, each with --gold and --pred."""
-    parser = _OneLineErrorParser(
+    parser = cli_help.Parser(
         prog="python -m xlm_jax.evaluation.metrics",
         description="Score predictions against gold files; prints one JSON object with scores "
                     "on a 0-100 scale.")
