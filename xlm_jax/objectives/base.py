@@ -38,13 +38,18 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from xlm_jax.data.features import KINDS, PREFIXES, feature_names
+from xlm_jax.models import flops
+
+if TYPE_CHECKING:
+    from xlm_jax.models.transformer import Transformer
 
 Array = jax.Array
 Batch = dict[str, Array]
@@ -172,11 +177,9 @@ class Objective(abc.ABC):
         """Summed loss of a prepared (micro)batch."""
 
     def flops_per_example(self, seq_len: int) -> float:
-        """Model matmul FLOPs of one example of its stream (`xlm_jax.train.flops`), forward +
+        """Model matmul FLOPs of one example of its stream (`xlm_jax.models.flops`), forward +
         backward. Default: each row of the example through the encoder with gradient, and the
         MLM head at its prediction slots when the objective masks (`self.masking`)."""
-        from xlm_jax.train import flops  # the trainer's module; imported lazily
-
         cfg = self.model.config  # every objective keeps its encoder as `model`
         slots = self.masking.max_predictions if getattr(self, "masking", None) else 0
         rows = len(PREFIXES[self.kind])
@@ -205,3 +208,48 @@ class Objective(abc.ABC):
         """Called after each optimizer step with the updated parameters and this step's
         `LossOutput.state_inputs` (global batch rows, in order); e.g. EMA and enqueue."""
         return state
+
+
+# ----------------------------------------------------------------------------- the parameter tree
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightedObjective:
+    """An objective of the mixture with its loss weight."""
+
+    objective: Objective
+    weight: float = 1.0
+
+    @property
+    def name(self) -> str:
+        return self.objective.name
+
+
+def init_batch_shapes(model: Transformer, batch_size: int, seq_len: int) -> dict[str, Any]:
+    """Dummy encoder inputs `{"input_ids", ["lang_ids"], ["encoder_states"]}` of the shapes
+    `model.init` needs: language ids when the model has a language table, a memory when it
+    has cross-attention."""
+    ids = jnp.ones((batch_size, seq_len), jnp.int32)
+    kw: dict[str, Any] = {}
+    if model.config.num_languages:
+        kw["lang_ids"] = jnp.zeros((batch_size, seq_len), jnp.int32)
+    if model.config.cross_attention:
+        kw["encoder_states"] = jnp.zeros((batch_size, seq_len, model.config.hidden_size),
+                                         model.config.compute_dtype)
+    return {"input_ids": ids, **kw}
+
+
+def init_params(model: Transformer, objectives: Sequence[WeightedObjective], seq_len: int,
+                rng: Array) -> dict[str, Any]:
+    """`{"encoder": ..., "objectives": {module: ...}}`, boxed with logical axis names. A module
+    shared by several objectives (`Objective.shared_modules`) is initialised once, by the
+    first objective of the mixture that declares it. Here rather than in the trainer so that
+    an objective (and its tests) can build the tree without the trainer."""
+    enc_rng, obj_rng = jax.random.split(rng)
+    inputs = init_batch_shapes(model, 1, seq_len)
+    encoder = model.init(enc_rng, inputs.pop("input_ids"), **inputs)["params"]
+    modules: dict[str, Any] = {}
+    for i, o in enumerate(objectives):
+        for name, p in o.objective.init_modules(jax.random.fold_in(obj_rng, i)).items():
+            modules.setdefault(name, p)
+    return {ENCODER: encoder, OBJECTIVES: modules}

@@ -60,6 +60,7 @@ import jax
 import jax.numpy as jnp
 
 from xlm_jax.data.features import EOS_ID, language_index
+from xlm_jax.models import flops
 from xlm_jax.models import masks as masks_lib
 from xlm_jax.models.token_mask import TokenMask
 from xlm_jax.models.transformer import Transformer
@@ -210,8 +211,6 @@ class CrossAttentionMLM(Objective):
 
     def flops_per_example(self, seq_len: int) -> float:
         """One or two differentiated passes and the head at both sides' prediction slots."""
-        from xlm_jax.train import flops
-
         cfg = self.model.config
         passes = 2 if self.passes == "two" else 1
         return 3.0 * (passes * seq_len * flops.encoder_flops(cfg, seq_len)
@@ -396,8 +395,6 @@ class BackTranslationMLM(Objective):
     def flops_per_example(self, seq_len: int) -> float:
         """Stage 1 forward only (stop_gradient) with the head at the placeholder slots, stage 2
         differentiated with the head at the prediction slots."""
-        from xlm_jax.train import flops
-
         cfg = self.model.config
         enc, head = seq_len * flops.encoder_flops(cfg, seq_len), flops.head_flops(cfg)
         return (enc + self._slots(seq_len)[1] * head

@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from xlm_jax.models import flops
 from xlm_jax.models.common import Dropout
 from xlm_jax.models.common import normal_init as _init
 from xlm_jax.models.common import zeros_init as _zeros
@@ -126,8 +127,6 @@ class _FinetuneObjective(Objective):
             batch.get(ROW_IDS), rngs={"dropout": head_rng})
 
     def flops_per_example(self, seq_len: int) -> float:
-        from xlm_jax.train import flops
-
         cfg = self.model.config
         return 3.0 * seq_len * flops.encoder_flops(cfg, seq_len)
 

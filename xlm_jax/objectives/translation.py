@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xlm_jax.models import flops
 from xlm_jax.models import layer_stack
 from xlm_jax.models.token_mask import TokenMask
 from xlm_jax.models.transformer import Transformer
@@ -192,8 +193,6 @@ class Translation(Objective):
         """The encoder over the source, the decoder (with cross-attention over the source)
         over the target and the vocabulary projection at every target position, all
         differentiated."""
-        from xlm_jax.train import flops
-
         t = seq_len
         return 3.0 * t * (flops.encoder_flops(self.model.config.replace(cross_attention=False), t)
                           + flops.encoder_flops(self.decoder_config, t, memory_len=t)

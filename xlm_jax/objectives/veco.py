@@ -45,6 +45,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xlm_jax.models import flops
 from xlm_jax.models.token_mask import TokenMask
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import Batch, LossOutput, Objective
@@ -192,8 +193,6 @@ class VariableMLM(Objective):
         """Two IS passes and two CS passes (with cross-attention over the other row, whose
         stop-gradient memory is differentiated for the key/value weights only), all
         differentiated, and the head at both rows' prediction slots twice."""
-        from xlm_jax.train import flops
-
         cfg, t = self.model.config, seq_len
         is_pass = t * flops.encoder_flops(cfg, t)
         cs_pass = t * (3.0 * flops.encoder_flops(cfg, t, memory_len=t)

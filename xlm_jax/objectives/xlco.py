@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from xlm_jax.data.features import PAD_ID, PREFIXES
+from xlm_jax.models import flops
 from xlm_jax.models import heads as heads_lib
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import ENCODER, OBJECTIVES, Batch, LossOutput, Objective, check_kind
@@ -216,8 +217,6 @@ class XLCo(Objective):
         through the layers up to `layer` (the later ones do not reach the loss; XLA drops
         them) and the projection; the scores against the batch and the queue (2 (B + Q) dim
         per row, 2 x: the keys are constants) depend on the batch and are not counted."""
-        from xlm_jax.train import flops
-
         cfg = self.model.config
         row = seq_len * flops.encoder_flops(cfg, seq_len, layers=self.layer)
         proj = 2 * cfg.hidden_size * self.projection_dim if self.projection_dim else 0

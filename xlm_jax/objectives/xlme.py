@@ -61,6 +61,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from xlm_jax.models import flops
 from xlm_jax.models import heads as heads_lib
 from xlm_jax.models.common import normal_init
 from xlm_jax.models.config import POSITION_TYPES, ModelConfig
@@ -332,8 +333,6 @@ class ReplacedTokenDetection(Objective):
         """Generator (MLM at the prediction slots) and discriminator (every token, RTD head),
         both differentiated. A narrower generator's table projection (V x d x d_gen per step,
         independent of the batch) is not counted."""
-        from xlm_jax.train import flops
-
         d = self.model.config.hidden_size
         slots = self.masking.max_predictions
         gen = seq_len * flops.encoder_flops(self.gen_config, seq_len) + slots * flops.head_flops(

@@ -1,14 +1,17 @@
 """Model FLOPs per trained token and MFU (model FLOPs utilisation).
 
-Counted as matmul FLOPs, x 3 for a pass that is differentiated (forward + backward) and x 1
-for one under stop_gradient, with the MLM head at the gathered prediction slots only (its
-share is small because training never evaluates the vocabulary everywhere):
+The per-pass counts (`encoder_flops`, `head_flops`, `memory_projection_flops`,
+`train_flops_per_token`) are `xlm_jax.models.flops`'s, re-exported here: matmul FLOPs, x 3 for
+a pass that is differentiated (forward + backward) and x 1 for one under stop_gradient, with
+the MLM head at the gathered prediction slots only (its share is small because training never
+evaluates the vocabulary everywhere):
   per token per layer: 2 * (4 d^2 + 2 d f)  (projections + FFN)  + 2 * 2 * T * d  (scores, values)
   head per prediction slot: 2 * (d^2 + d V).
 Each objective counts its own passes (`Objective.flops_per_example`: XLM-E's generator and
 discriminator, XLCo's key encoder, ERNIE-M's two CAMLM passes and BTMLM's decoding pass,
-VECO's four passes with cross-attention); `tests/train/flops_test.py` checks every count
-against the dot products in the jaxpr of the objective's gradient.
+VECO's four passes with cross-attention); `mixture_flops_per_token` weighs them over the
+mixture; `tests/train/flops_test.py` checks every count against the dot products in the jaxpr
+of the objective's gradient.
 Peak bf16 numbers are the vendors' dense figures (`PEAK_BF16_FLOPS`, each with its source). On
 a CPU there is no peak: the trainer then logs only `model_tflops_per_sec` and the benchmark
 prints MFU n/a; on an accelerator not listed the same, after one WARNING naming its kind.
@@ -23,7 +26,8 @@ from typing import Any
 import jax
 
 from xlm_jax.data.features import PREFIXES
-from xlm_jax.models.config import ModelConfig
+from xlm_jax.models.flops import (  # noqa: F401  (re-exported: the trainer's API)
+    encoder_flops, head_flops, memory_projection_flops, train_flops_per_token)
 
 logger = logging.getLogger(__name__)
 
@@ -61,45 +65,6 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float, str], ...] = (  # (kind pattern, FLOP/s
 
 # Device kinds already warned about as having no peak (warned once per process).
 _WARNED_KINDS: set[str] = set()
-
-
-def train_flops_per_token(cfg: ModelConfig, seq_len: int, prediction_share: float = 0.15) -> float:
-    """One MLM pass per token, forward + backward, the head at `prediction_share` of tokens."""
-    return 3.0 * (encoder_flops(cfg, seq_len) + prediction_share * head_flops(cfg))
-
-
-def encoder_flops(cfg: ModelConfig, seq_len: int, memory_len: int = 0,
-                  layers: int | None = None) -> float:
-    """Forward matmul FLOPs per token of one pass through `layers` (default all) layers of
-    `cfg`'s stack at row length `seq_len`: the q/k/v/o projections and the FFN, the attention
-    scores and values over `seq_len` keys, XLM-E's two gates (q.u, q.v) when the stack has the
-    gated bias, and, with `memory_len` > 0, a cross-attention block over that many memory
-    tokens (q/o on the token, k/v on the memory: `memory_len / seq_len` of a memory token's
-    projections per token)."""
-    d, f = cfg.hidden_size, cfg.mlp_dim
-    layer = 2 * (4 * d * d + 2 * d * f) + 2 * 2 * seq_len * d
-    if cfg.position_type in ("relative", "both"):
-        layer += 2 * 2 * d
-    if memory_len:
-        layer += (2 * 2 * d * d + 2 * 2 * memory_len * d
-                  + memory_projection_flops(cfg, seq_len, memory_len, layers=1))
-    return (cfg.num_layers if layers is None else layers) * layer
-
-
-def memory_projection_flops(cfg: ModelConfig, seq_len: int, memory_len: int,
-                            layers: int | None = None) -> float:
-    """The part of `encoder_flops(cfg, seq_len, memory_len)` that projects the memory to keys
-    and values (per token): a pass whose memory is under stop_gradient differentiates it only
-    with respect to the weights, 2 x instead of 3 x."""
-    d = cfg.hidden_size
-    return (cfg.num_layers if layers is None else layers) * 2 * 2 * d * d * memory_len / seq_len
-
-
-def head_flops(cfg: ModelConfig) -> float:
-    """Forward matmul FLOPs of the MLM head at one prediction: the d x d transform and the tied
-    decoder over the (padded) vocabulary."""
-    d = cfg.hidden_size
-    return 2 * (d * d + d * cfg.padded_vocab_size)
 
 
 def mixture_flops_per_token(objectives: Sequence[Any], seq_len: int,
