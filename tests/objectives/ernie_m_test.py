@@ -13,9 +13,9 @@ from xlm_jax.models.config import get_config
 from xlm_jax.models.token_mask import TokenMask
 from xlm_jax.models.transformer import MultiHeadAttention, Transformer
 from xlm_jax.objectives import ernie_m
+from xlm_jax.objectives.base import WeightedObjective, init_params
 from xlm_jax.objectives.ernie_m import BackTranslationMLM, CrossAttentionMLM
 from xlm_jax.objectives.mlm import MaskedLM
-from xlm_jax.train.step import WeightedObjective, init_params
 
 V, MASK = 64, 63
 CFG = get_config("tiny", vocab_size=V, num_layers=3, hidden_size=32, num_heads=4, mlp_dim=64,

@@ -12,8 +12,8 @@ from xlm_jax.data.synthetic import synthetic_batch
 from xlm_jax.evaluation.translation import translate_batch
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.base import WeightedObjective, init_params
 from xlm_jax.objectives.translation import Translation
-from xlm_jax.train.step import WeightedObjective, init_params
 
 V = 40
 CFG = get_config("tiny", vocab_size=V, num_layers=3, hidden_size=32, num_heads=4, mlp_dim=48,

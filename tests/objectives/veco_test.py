@@ -9,8 +9,8 @@ import pytest
 from xlm_jax.data.synthetic import synthetic_batch
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.base import WeightedObjective, init_params
 from xlm_jax.objectives.veco import TERMS, VariableMLM, needed_predictions
-from xlm_jax.train.step import WeightedObjective, init_params
 
 V = 64
 CFG = get_config("tiny", vocab_size=V, num_layers=2, hidden_size=32, num_heads=4, mlp_dim=64,

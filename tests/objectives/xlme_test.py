@@ -10,8 +10,8 @@ import pytest
 from xlm_jax.data.synthetic import synthetic_batch
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.base import WeightedObjective, init_params
 from xlm_jax.objectives.xlme import ReplacedTokenDetection, replaced_ids
-from xlm_jax.train.step import WeightedObjective, init_params
 
 CFG = get_config("tiny", vocab_size=64, num_layers=3, hidden_size=32, num_heads=4, mlp_dim=64,
                  max_positions=40, dropout_rate=0.0, attention_dropout_rate=0.0,

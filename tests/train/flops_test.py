@@ -17,6 +17,7 @@ import pytest
 from xlm_jax.data.synthetic import synthetic_batch
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.base import WeightedObjective, init_params
 from xlm_jax.objectives.ernie_m import BackTranslationMLM, CrossAttentionMLM
 from xlm_jax.objectives.mlm import MaskedLM
 from xlm_jax.objectives.translation import Translation
@@ -24,7 +25,6 @@ from xlm_jax.objectives.veco import VariableMLM
 from xlm_jax.objectives.xlco import XLCo
 from xlm_jax.objectives.xlme import ReplacedTokenDetection
 from xlm_jax.train import flops
-from xlm_jax.train.step import WeightedObjective, init_params
 
 B, T = 2, 16
 BASE = dict(vocab_size=64, num_layers=2, hidden_size=32, num_heads=4, mlp_dim=48,

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from xlm_jax import model_dir as md
-from xlm_jax.models.config import ModelConfig
+from xlm_jax.models.config import VOCAB_PARAMS, ModelConfig
 
 HF_WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin")
 HF_SPM_NAME = "sentencepiece.bpe.model"
@@ -163,9 +163,6 @@ def expected_shapes(cfg: ModelConfig, with_mlm_head: bool = True) -> dict[str, t
         lambda i: nn.meta.unbox(model.init(jax.random.PRNGKey(0), i, **lang(i))), ids)["params"]
     flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
     return {"/".join(k.key for k in path): tuple(v.shape) for path, v in flat}
-
-
-VOCAB_PARAMS = ("embeddings/word_embeddings/embedding", "mlm_head/bias")  # rows = vocabulary
 
 
 def pad_vocab(path: str, value: np.ndarray, cfg: ModelConfig) -> np.ndarray:

@@ -29,6 +29,9 @@ ATTENTION_BACKENDS = ("xla", "cudnn", "pallas", "auto")
 # and recomputes the element-wise work (norms, GELU, softmax, dropout masks).
 REMAT_POLICIES = ("none", "full", "dots_saveable")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# The encoder's parameters with one row per vocabulary entry (`padded_vocab_size` rows): the HF
+# converter pads and trims them, and `init_from` copies their first `vocab_size` rows only.
+VOCAB_PARAMS = ("embeddings/word_embeddings/embedding", "mlm_head/bias")
 
 
 @dataclasses.dataclass(frozen=True)

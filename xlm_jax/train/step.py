@@ -8,7 +8,6 @@ by the global unit counts, so 4 x B/4 equals one step of B.
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,10 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from xlm_jax.convert import hf
 from xlm_jax.models import layer_stack
+from xlm_jax.models.config import VOCAB_PARAMS
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import ENCODER, OBJECTIVES, ROW_IDS, Batch, Objective
+from xlm_jax.objectives.base import ENCODER, ROW_IDS, Batch, WeightedObjective, init_params
 from xlm_jax.train import optim as optim_lib
 from xlm_jax.train import partitioning
 
@@ -43,49 +42,11 @@ class TrainState:
     obj_state: dict[str, Any]
 
 
-@dataclasses.dataclass(frozen=True)
-class WeightedObjective:
-    """An objective of the mixture with its loss weight."""
-
-    objective: Objective
-    weight: float = 1.0
-
-    @property
-    def name(self) -> str:
-        return self.objective.name
-
-
-def init_batch_shapes(model: Transformer, batch_size: int, seq_len: int) -> dict[str, Any]:
-    ids = jnp.ones((batch_size, seq_len), jnp.int32)
-    kw: dict[str, Any] = {}
-    if model.config.num_languages:
-        kw["lang_ids"] = jnp.zeros((batch_size, seq_len), jnp.int32)
-    if model.config.cross_attention:
-        kw["encoder_states"] = jnp.zeros((batch_size, seq_len, model.config.hidden_size),
-                                         model.config.compute_dtype)
-    return {"input_ids": ids, **kw}
-
-
 def init_objective_state(objectives: Sequence[WeightedObjective], params: Any
                          ) -> dict[str, Any]:
     """`{name: objective.init_state(params)}`. Given boxed parameters (as in `make_init_fn`),
     an EMA copy keeps their logical axes and is sharded like them."""
     return {o.name: o.objective.init_state(params) for o in objectives}
-
-
-def init_params(model: Transformer, objectives: Sequence[WeightedObjective], seq_len: int,
-                rng: Array) -> dict[str, Any]:
-    """`{"encoder": ..., "objectives": {module: ...}}`, boxed with logical axis names. A module
-    shared by several objectives (`Objective.shared_modules`) is initialised once, by the
-    first objective of the mixture that declares it."""
-    enc_rng, obj_rng = jax.random.split(rng)
-    inputs = init_batch_shapes(model, 1, seq_len)
-    encoder = model.init(enc_rng, inputs.pop("input_ids"), **inputs)["params"]
-    modules: dict[str, Any] = {}
-    for i, o in enumerate(objectives):
-        for name, p in o.objective.init_modules(jax.random.fold_in(obj_rng, i)).items():
-            modules.setdefault(name, p)
-    return {ENCODER: encoder, OBJECTIVES: modules}
 
 
 def make_init_fn(model: Transformer, objectives: Sequence[WeightedObjective],
@@ -279,7 +240,7 @@ def load_pretrained_params(params: Any, pretrained: Any, source: str,
         pretrained, bool(layer_stack.is_stacked(params[ENCODER])))
     flat_pre = {jax.tree_util.keystr(p): v for p, v in
                 jax.tree_util.tree_flatten_with_path(pretrained)[0]}
-    vocab_keys = {"".join(f"[{k!r}]" for k in path.split("/")) for path in hf.VOCAB_PARAMS}
+    vocab_keys = {"".join(f"[{k!r}]" for k in path.split("/")) for path in VOCAB_PARAMS}
     stack_prefix = jax.tree_util.keystr((jax.tree_util.DictKey(layer_stack.STACK),))
 
     def rows_into(value: Any, new: Any, n: int) -> Any:
