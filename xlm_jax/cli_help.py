@@ -1,5 +1,8 @@
-"""The help layout every CLI of the library shares (a module of its own, importing nothing of
-the library, so that any CLI can use it without importing the trainer)."""
+"""What every CLI of the library shares: the help layout, the one-line usage and runtime
+errors, a quiet TensorFlow import. A module of its own, importing nothing of the library (nor
+anything heavy), so that any CLI, the data and evaluation ones included, can use it without
+importing the trainer. The gin CLIs' `xlm_jax.train.cli` adds gin's macro names to the error
+line (`error_line`'s `rename`)."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +11,7 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -33,6 +37,46 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (--help lists every flag)\n")
+
+
+# The exceptions a CLI reports as one line (`error_line`) instead of a traceback; ImportError
+# is a task module that does not import (`loop.train.task_modules`).
+CLI_ERRORS = (ValueError, OSError, FloatingPointError, KeyError, TypeError, ImportError)
+# Set (to anything but "" or "0") to get the traceback instead of the one line, in every CLI;
+# the gin CLIs also take --debug.
+DEBUG_ENV = "XLM_JAX_DEBUG"
+# gin appends where a configurable was called to a message; it names gin's function object,
+# not anything the user wrote.
+_GIN_CALL_SITE = re.compile(r"^\s*In call to configurable ")
+
+
+def debug_wanted(args: argparse.Namespace | None = None) -> bool:
+    """--debug on the command line or `XLM_JAX_DEBUG` set: errors keep their traceback."""
+    return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def error_line(e: BaseException, rename: Callable[[str], str] | None = None) -> str:
+    """`error: Type: message` on one line (the message's lines joined by ' | '), without gin's
+    "In call to configurable ..." lines; `rename` rewrites the joined message (the gin CLIs
+    name a setting by the macro the user gave it, `xlm_jax.train.cli.error_line`)."""
+    lines = [line.strip() for line in str(e).splitlines()
+             if line.strip() and not _GIN_CALL_SITE.match(line)]
+    message = " | ".join(lines)
+    return f"error: {type(e).__name__}: {rename(message) if rename else message}"
+
+
+def run_reporting(fn: Callable[[], int], args: argparse.Namespace | None = None,
+                  code: int = 1, describe: Callable[[BaseException], str] = error_line) -> int:
+    """`fn()`'s exit status; a `CLI_ERRORS` exception is printed as one line (`describe`, by
+    default `error_line`) and gives `code`, unless `debug_wanted(args)`, when it propagates
+    with its traceback."""
+    try:
+        return fn()
+    except CLI_ERRORS as e:
+        if debug_wanted(args):
+            raise
+        print(describe(e), file=sys.stderr)
+        return code
 
 
 # TensorFlow's start-up lines on a machine without a GPU, none of which a user can act on: since

@@ -146,11 +146,9 @@ def mixture_frequencies(name: str, num_examples: int, sequence_length: int = 64,
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from xlm_jax.train import cli
-
     parser = cli_help.Parser(prog="python -m xlm_jax.data.inspect",
                              description=__doc__.split("\n\n")[0],
-                             formatter_class=cli.HelpFormatter)
+                             formatter_class=cli_help.HelpFormatter)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--task", help="task or mixture whose examples to print")
     which.add_argument("--mixture", help="mixture whose sampling frequencies to check")
@@ -165,7 +163,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling")
     args = parser.parse_args(argv)
     cli_help.quiet_tensorflow()
-    return cli.run_reporting(lambda: _inspect(args))
+    return cli_help.run_reporting(lambda: _inspect(args))
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -229,11 +229,9 @@ def train_spm(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; prints the per-language mix."""
-    from xlm_jax.train import cli
-
     parser = cli_help.Parser(prog="python -m xlm_jax.data.train_spm",
                              description=__doc__.split("\n\n")[0],
-                             formatter_class=cli.HelpFormatter)
+                             formatter_class=cli_help.HelpFormatter)
     parser.add_argument("--input_dir", required=True, help="CC-100-layout dir of {lang}.txt[.xz|.gz]")
     parser.add_argument("--model_prefix", required=True, help="writes PREFIX.model and PREFIX.vocab")
     parser.add_argument("--vocab_size", type=int, default=8000,

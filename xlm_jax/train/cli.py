@@ -8,25 +8,16 @@ and --process_id. CPU processes use gloo collectives.
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 
 from xlm_jax import cli_help
-from xlm_jax.cli_help import HelpFormatter
+from xlm_jax.cli_help import (  # noqa: F401  (re-exported: callers import them from here)
+    CLI_ERRORS, DEBUG_ENV, HelpFormatter, debug_wanted)
 
 # One flags style for every CLI of the library: argparse, `--name=value` or `--name value`,
 # repeatable flags appended, `--gin.NAME=VALUE` rewritten to a binding before parsing.
 HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
-
-
-# The exceptions a CLI reports as one line (`error_line`) instead of a traceback; ImportError
-# is a task module that does not import (`loop.train.task_modules`).
-CLI_ERRORS = (ValueError, OSError, FloatingPointError, KeyError, TypeError, ImportError)
-# Set (to anything but "" or "0") to get the traceback instead of the one line, in every CLI;
-# the gin CLIs also take --debug.
-DEBUG_ENV = "XLM_JAX_DEBUG"
 
 
 def gin_parser(prog: str, description: str, binding_example: str) -> argparse.ArgumentParser:
@@ -48,22 +39,11 @@ def gin_parser(prog: str, description: str, binding_example: str) -> argparse.Ar
     return p
 
 
-def debug_wanted(args: argparse.Namespace | None = None) -> bool:
-    """--debug on the command line or `XLM_JAX_DEBUG` set: errors keep their traceback."""
-    return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
-
-
 def run_reporting(fn: Callable[[], int], args: argparse.Namespace | None = None,
                   code: int = 1) -> int:
-    """`fn()`'s exit status; a `CLI_ERRORS` exception is printed as one line (`error_line`)
-    and gives `code`, unless `debug_wanted(args)`, when it propagates with its traceback."""
-    try:
-        return fn()
-    except CLI_ERRORS as e:
-        if debug_wanted(args):
-            raise
-        print(error_line(e), file=sys.stderr)
-        return code
+    """`cli_help.run_reporting` with the gin CLIs' `error_line` (macros named as the user
+    wrote them): `fn()`'s exit status, a `CLI_ERRORS` exception printed as one line."""
+    return cli_help.run_reporting(fn, args, code, describe=error_line)
 
 
 def parse_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | None
@@ -95,20 +75,12 @@ def parse_gin(args: argparse.Namespace, placeholders: Sequence[str] | None = Non
                     else placeholders)
 
 
-# gin appends where a configurable was called to a message; it names gin's function object,
-# not anything the user wrote.
-_GIN_CALL_SITE = re.compile(r"^\s*In call to configurable ")
-
-
 def error_line(e: BaseException) -> str:
-    """`error: Type: message` on one line (the message's lines joined by ' | '), without gin's
-    "In call to configurable ..." lines, and a setting the user gave through a gin macro named
-    by that macro (`TRAIN_STEPS=-1 (OptimizerConfig.total_steps)`, not the parameter alone)."""
+    """`cli_help.error_line` with a setting the user gave through a gin macro named by that
+    macro (`TRAIN_STEPS=-1 (OptimizerConfig.total_steps)`, not the parameter alone)."""
     from xlm_jax.train import gin_utils
 
-    lines = [line.strip() for line in str(e).splitlines()
-             if line.strip() and not _GIN_CALL_SITE.match(line)]
-    return f"error: {type(e).__name__}: {gin_utils.user_names(' | '.join(lines))}"
+    return cli_help.error_line(e, rename=gin_utils.user_names)
 
 
 def _parser() -> argparse.ArgumentParser:
