@@ -28,7 +28,7 @@ import zipfile
 import pytest
 
 from xlm_jax.data.tfds_readers import read_tfds
-from xlm_jax.evaluation.xtreme_readers import Answer, PairExample, QAExample, TaggedSentence
+from xlm_jax.data.xtreme_readers import Answer, PairExample, QAExample, TaggedSentence
 
 tfds = pytest.importorskip("tensorflow_datasets")
 

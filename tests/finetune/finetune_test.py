@@ -165,7 +165,7 @@ class _Tok:
 
 
 def test_pair_and_tagged_rows_by_hand():
-    from xlm_jax.evaluation.xtreme_readers import PairExample, TaggedSentence
+    from xlm_jax.data.xtreme_readers import PairExample, TaggedSentence
 
     rows = feats.pair_rows([PairExample("abc", "de", "1", "en")], _Tok(), 8, ["0", "1"])
     # longest first: "abc" loses its last piece to fit 8 - 4 = 4 pieces
@@ -279,7 +279,7 @@ def test_mlqa_files_are_scored_with_mlqa_normalisation():
     """A Spanish gold answer "el perro" and the predicted span "perro": SQuAD's normalisation
     keeps the Spanish article (exact match 0), MLQA's drops it (100)."""
     from xlm_jax.data.vocab import XLMRTokenizer
-    from xlm_jax.evaluation.xtreme_readers import Answer, QAExample
+    from xlm_jax.data.xtreme_readers import Answer, QAExample
     from xlm_jax.finetune import evaluate as ev
     from xlm_jax.finetune import qa
 

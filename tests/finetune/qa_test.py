@@ -14,8 +14,8 @@ import pytest
 import sentencepiece as spm
 
 from xlm_jax.data.vocab import UNK, XLMRTokenizer, fairseq_to_spm
-from xlm_jax.evaluation.xtreme_readers import Answer
-from xlm_jax.evaluation.xtreme_readers import QAExample as Example
+from xlm_jax.data.xtreme_readers import Answer
+from xlm_jax.data.xtreme_readers import QAExample as Example
 from xlm_jax.finetune import qa
 
 SPM_PATH = pathlib.Path(__file__).resolve().parents[2] / "tasks" / "demo_data" / "spm.model"

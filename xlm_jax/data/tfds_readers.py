@@ -1,7 +1,7 @@
 """The XTREME fine-tuning tasks from TFDS datasets prepared in a local TFDS `data_dir`.
 
 `read_tfds(task, split, languages, data_dir)` returns what
-`xlm_jax.evaluation.xtreme_readers.read_task` returns for the XTREME download layout:
+`xlm_jax.data.xtreme_readers.read_task` returns for the XTREME download layout:
 `{lang: [PairExample | TaggedSentence | QAExample]}`, with the labels spelled the same way, so
 fine-tuning can take either source. It only reads: `tfds.builder(name, data_dir=...)` +
 `as_dataset`, never `download_and_prepare`. A dataset that is not prepared in `data_dir` is a
@@ -50,7 +50,7 @@ import dataclasses
 import os
 from collections.abc import Iterable, Iterator
 
-from xlm_jax.evaluation.xtreme_readers import (
+from xlm_jax.data.xtreme_readers import (
     PANX_LABELS,
     PAWSX_LABELS,
     UPOS_TAGS,

@@ -26,7 +26,7 @@ indices of every window, pairs inside the context with end >= start, length <=
 `max_answer_length` and a start token in its max-context window (`_check_is_max_context`),
 the best by start + end logit over all windows of an example. Examples are duck-typed: any
 object with `.id`, `.question`, `.context` and `.answers` (each with `.text` and `.start`,
-the character offset in the context), e.g. `xlm_jax.evaluation.xtreme_readers.QAExample`.
+the character offset in the context), e.g. `xlm_jax.data.xtreme_readers.QAExample`.
 """
 
 from __future__ import annotations

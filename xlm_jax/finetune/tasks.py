@@ -16,7 +16,7 @@ from typing import Any
 
 import gin
 
-from xlm_jax.evaluation import xtreme_readers as readers
+from xlm_jax.data import xtreme_readers as readers
 
 KINDS = ("classification", "tagging", "qa")
 SETTINGS = ("zero_shot", "translate_train_all")
@@ -31,12 +31,12 @@ class FinetuneTask:
     """One task's data and scoring; validated on creation (a ValueError names the field)."""
 
     # The XTREME task whose folder layout and format `data_dir` holds: xnli, pawsx, panx,
-    # udpos, xquad, mlqa, tydiqa (see xlm_jax.evaluation.xtreme_readers).
+    # udpos, xquad, mlqa, tydiqa (see xlm_jax.data.xtreme_readers).
     xtreme_task: str = gin.REQUIRED
     # The XTREME download folder (it holds `xnli/`, `pawsx/`, `panx/`, ...), or one written
     # in its layout; with source="tfds", the TFDS data_dir the datasets are prepared in.
     data_dir: str = gin.REQUIRED
-    # "files" (the XTREME layout, xlm_jax.evaluation.xtreme_readers) or "tfds" (datasets
+    # "files" (the XTREME layout, xlm_jax.data.xtreme_readers) or "tfds" (datasets
     # prepared with `tfds build`, xlm_jax.data.tfds_readers; needs TensorFlow).
     source: str = "files"
     kind: str = "classification"

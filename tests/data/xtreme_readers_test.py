@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from xlm_jax.evaluation import xtreme_readers as xr
-from xlm_jax.evaluation.xtreme_readers import Answer, PairExample, QAExample, TaggedSentence
+from xlm_jax.data import xtreme_readers as xr
+from xlm_jax.data.xtreme_readers import Answer, PairExample, QAExample, TaggedSentence
 
 
 def _write(path, text: str | bytes) -> str:
