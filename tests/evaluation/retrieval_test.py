@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from xlm_jax.evaluation import retrieval
+from xlm_jax.evaluation import embedding, retrieval
 
 ENGLISH = [
     "the cat sat on the mat", "a dog ran in the park", "we eat bread every day",
@@ -344,10 +344,10 @@ def test_step_recorded_for_a_trainer_model_dir(tmp_path):
         (run / "checkpoints" / str(step) / "state").mkdir(parents=True)
     (run / "checkpoints" / "400").mkdir()  # unfinished: no state item yet
     (run / "xlm_jax_config.json").write_text("{}")
-    assert retrieval._resolve_step(str(run), None) == 300
-    assert retrieval._resolve_step(str(run), 100) == 100
+    assert embedding.resolve_step(str(run), None) == 300
+    assert embedding.resolve_step(str(run), 100) == 100
     (run / "params").mkdir()  # an exported model dir: load_encoder reads params/, not a step
-    assert retrieval._resolve_step(str(run), None) is None
+    assert embedding.resolve_step(str(run), None) is None
 
 
 # ----------------------------------------------------------------------------- language embeddings

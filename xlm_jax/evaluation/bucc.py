@@ -11,7 +11,7 @@ Files, in `bucc_dir` or its `{xx}-en/` subfolder (as the BUCC tarballs unpack):
 `test` (gold withheld); XTREME's `scripts/download_data.sh` renames `sample` -> `dev` and
 `training` -> `test` and deletes its test gold. Split names are taken as the folder has them.
 
-Sentences are embedded as Tatoeba retrieval embeds them (`retrieval._embed_keyed`, i.e.
+Sentences are embedded as Tatoeba retrieval embeds them (`embedding.embed_keyed`, i.e.
 `Encoder.embed_layers`; each side in its language for a model with language embeddings).
 Mining follows LASER's `source/mine_bitexts.py` with the settings of its `tasks/bucc/bucc.sh`
 (`--retrieval max --margin ratio -k 4 --unify`), also the defaults of XTREME's
@@ -46,13 +46,13 @@ from typing import Any
 import numpy as np
 
 from xlm_jax import cli_help
-from xlm_jax.evaluation import retrieval
+from xlm_jax.evaluation import embedding
 from xlm_jax.evaluation.metrics.bucc import bucc_scores
 
 FILE_PATTERN = "{xx}-en.{split}.{xx} + {xx}-en.{split}.en + {xx}-en.{split}.gold"
 STRATEGIES = ("max", "intersect", "forward", "backward")
 DEFAULT_K = 4  # LASER tasks/bucc/bucc.sh `-k 4`, XTREME mine_bitext(neighborhood=4)
-ENGLISH = retrieval.ENGLISH
+ENGLISH = embedding.ENGLISH
 Pair = tuple[str, str]
 
 
@@ -102,7 +102,7 @@ def read_sentences(path: str) -> tuple[list[str], list[str]]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: BUCC sentence file not found")
     ids, sents, first = [], [], {}
-    for n, line in enumerate(retrieval._read_lines(path), 1):  # lines stripped
+    for n, line in enumerate(embedding.read_lines(path), 1):  # lines stripped
         sid, tab, sent = line.partition("\t")
         if not tab or not sid.strip() or not sent.strip():
             raise ValueError(f"{path}:{n}: expected 'id<TAB>sentence', got {line[:80]!r}")
@@ -126,7 +126,7 @@ def read_gold(path: str, src_ids: Sequence[str], en_ids: Sequence[str],
                                 "this split)")
     known = (set(src_ids), set(en_ids))
     gold = set()
-    for n, line in enumerate(retrieval._read_lines(path), 1):
+    for n, line in enumerate(embedding.read_lines(path), 1):
         fields = [f.strip() for f in line.split("\t")]
         if len(fields) != 2 or not all(fields):
             raise ValueError(f"{path}:{n}: expected 'xx_id<TAB>en_id', got {line[:80]!r}")
@@ -307,13 +307,13 @@ def split_pairs(encoder: Any, data: BuccSplit, layer: int, k: int = DEFAULT_K,
                 batch_size: int = 64) -> dict[Pair, float]:
     """Embeds a split's distinct sentences (retrieval's path, each side in its language for a
     model with language embeddings) and mines them: {(src_id, en_id): score}."""
-    uses = retrieval._uses_languages(encoder)
+    uses = embedding.uses_languages(encoder)
     src, src_ids = _unify(data.src_ids, data.src)
     en, en_ids = _unify(data.en_ids, data.en)
     keys = [(data.lang if uses else None, s) for s in src] + [(ENGLISH if uses else None, s)
                                                               for s in en]
     uniq = list(dict.fromkeys(keys))
-    vecs = retrieval._embed_keyed(encoder, uniq, [layer], pool, max_length, batch_size)[0]
+    vecs = embedding.embed_keyed(encoder, uniq, [layer], pool, max_length, batch_size)[0]
     at = {key: i for i, key in enumerate(uniq)}
     rows = np.array([at[key] for key in keys])
     return mine_pairs(vecs[rows[:len(src)]], vecs[rows[len(src):]], src_ids, en_ids, k, strategy)
@@ -358,7 +358,7 @@ def evaluate(encoder: Any, bucc_dir: str, layer: int, languages: Sequence[str] |
         raise ValueError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
     if k < 1:
         raise ValueError(f"k={k} must be >= 1")
-    layer = retrieval.check_layer(layer, encoder.config.num_layers)[0]
+    layer = embedding.check_layer(layer, encoder.config.num_layers)[0]
     found = find_languages(bucc_dir, split)
     langs = list(dict.fromkeys(languages)) if languages else found
     unknown = [l for l in langs if l not in found]
@@ -366,7 +366,7 @@ def evaluate(encoder: Any, bucc_dir: str, layer: int, languages: Sequence[str] |
         raise FileNotFoundError(f"bucc_dir {bucc_dir}: no {split!r} files for language(s) "
                                 f"{', '.join(unknown)} (found: {', '.join(found)}; pattern "
                                 f"{FILE_PATTERN.replace('{split}', split)})")
-    if retrieval._uses_languages(encoder):
+    if embedding.uses_languages(encoder):
         for lang in [*langs, ENGLISH]:
             encoder.lang_id(lang)
     tune_on = threshold_from or (None if threshold is not None else split)
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=DEFAULT_K, help="margin neighbourhood size")
     p.add_argument("--strategy", default="max", choices=STRATEGIES,
                    help="how candidate pairs are mined (LASER's)")
-    p.add_argument("--pool", default="mean", choices=retrieval.POOLS,
+    p.add_argument("--pool", default="mean", choices=embedding.POOLS,
                    help="how a sentence's tokens pool")
     p.add_argument("--max_length", type=int, default=None, help="as retrieval")
     p.add_argument("--batch_size", type=int, default=64, help="sentences per forward pass")
@@ -419,15 +419,15 @@ def main(argv: list[str] | None = None) -> int:
                  if args.languages else None)
     try:
         find_languages(args.bucc_dir, args.split)  # a bad data dir fails before loading
-        language_list = (retrieval.read_language_list(args.language_list)
+        language_list = (embedding.read_language_list(args.language_list)
                          if args.language_list is not None else None)
-        encoder = retrieval.load_checkpoint(args.checkpoint, args.step, language_list)
+        encoder = embedding.load_checkpoint(args.checkpoint, args.step, language_list)
         result = evaluate(encoder, args.bucc_dir, args.layer, languages, split=args.split,
                           threshold_from=args.threshold_from, threshold=args.threshold,
                           k=args.k, strategy=args.strategy, pool=args.pool,
                           max_length=args.max_length, batch_size=args.batch_size,
                           checkpoint=os.path.abspath(args.checkpoint),
-                          step=retrieval._resolve_step(args.checkpoint, args.step))
+                          step=embedding.resolve_step(args.checkpoint, args.step))
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

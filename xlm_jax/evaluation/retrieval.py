@@ -39,11 +39,12 @@ from typing import Any
 import numpy as np
 
 from xlm_jax import cli_help
+from xlm_jax.evaluation import embedding
+from xlm_jax.evaluation.embedding import (  # noqa: F401  (re-exported: retrieval's public API)
+    ENGLISH, POOLS, check_layer, embed_layers, load_checkpoint, read_language_list)
 
 FILE_PATTERN = "tatoeba.{xx}-eng.{xx} + tatoeba.{xx}-eng.eng"
 _SRC_RE = re.compile(r"^tatoeba\.([^./\\-]+)-eng\.([^./\\-]+)$")
-POOLS = ("mean", "cls")
-ENGLISH = "en"  # the language of the `.eng` files, as the language list spells it
 
 
 # ----------------------------------------------------------------------------- results
@@ -219,14 +220,6 @@ def find_languages(tatoeba_dir: str) -> list[str]:
     return sorted(langs)
 
 
-def _read_lines(path: str) -> list[str]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return [line.strip() for line in f.read().splitlines()]
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-
-
 def read_pair(tatoeba_dir: str, lang: str) -> TatoebaPair:
     """Reads one language's two files; they must exist, be non-empty and have equal lines."""
     src_path = os.path.join(tatoeba_dir, f"tatoeba.{lang}-eng.{lang}")
@@ -234,7 +227,7 @@ def read_pair(tatoeba_dir: str, lang: str) -> TatoebaPair:
     missing = [p for p in (src_path, eng_path) if not os.path.isfile(p)]
     if missing:
         raise FileNotFoundError(f"language {lang!r}: missing {', '.join(missing)}")
-    src, eng = _read_lines(src_path), _read_lines(eng_path)
+    src, eng = embedding.read_lines(src_path), embedding.read_lines(eng_path)
     if len(src) != len(eng):
         raise ValueError(f"line counts differ: {src_path} has {len(src)} lines, {eng_path} has "
                          f"{len(eng)}")
@@ -243,56 +236,7 @@ def read_pair(tatoeba_dir: str, lang: str) -> TatoebaPair:
     return TatoebaPair(lang, src, eng, src_path, eng_path)
 
 
-# ----------------------------------------------------------------------------- embedding
-
-def _uses_languages(encoder: Any) -> bool:
-    """Whether `encoder`'s model has language embeddings (then every sentence needs a language)."""
-    return getattr(encoder.config, "num_languages", 0) > 0
-
-
-def embed_layers(encoder: Any, sentences: Sequence[str], layers: Sequence[int], pool: str = "mean",
-                 max_length: int | None = None, batch_size: int = 64,
-                 lang: str | None = None) -> np.ndarray:
-    """Pooled sentence vectors of several layers from one forward pass: [len(layers), N, D].
-
-    `encoder.embed_layers` (`xlm_jax.encoder.Encoder`), the one sentence-embedding path that
-    `Encoder.embed` takes too; `max_length` None is its default (`DEFAULT_MAX_LENGTH`, capped
-    at the model's position table). `lang` is the sentences' language, required by a model
-    with language embeddings and ignored otherwise.
-    """
-    return encoder.embed_layers(sentences, layers, pool=pool, max_length=max_length,
-                                batch_size=batch_size, lang=lang)
-
-
 # ----------------------------------------------------------------------------- evaluation
-
-def check_layer(layer: int | str, num_layers: int) -> list[int]:
-    """The layers to score for `layer` (an int, or "all"); out of range is a clear error."""
-    if layer == "all":
-        return list(range(num_layers + 1))
-    if isinstance(layer, str):
-        if not layer.lstrip("-").isdigit():
-            raise ValueError(f"layer={layer!r} must be an integer in [0, {num_layers}] or 'all'")
-        layer = int(layer)
-    if not 0 <= layer <= num_layers:
-        raise ValueError(f"layer={layer} out of range: valid layers are 0..{num_layers} "
-                         f"(0 = embeddings, {num_layers} = last) or 'all'")
-    return [layer]
-
-
-def _embed_keyed(encoder: Any, keys: Sequence[tuple[str | None, str]], layers: Sequence[int],
-                 pool: str, max_length: int | None, batch_size: int) -> np.ndarray:
-    """`embed_layers` of (language, sentence) keys, one run per language (None: a model
-    without language embeddings, all in one run): [len(layers), len(keys), D]."""
-    out = np.zeros((len(layers), len(keys), encoder.config.hidden_size), np.float32)
-    by_lang: dict[str | None, list[int]] = {}
-    for i, (lang, _) in enumerate(keys):
-        by_lang.setdefault(lang, []).append(i)
-    for lang, idx in by_lang.items():
-        out[:, idx] = embed_layers(encoder, [keys[i][1] for i in idx], layers, pool, max_length,
-                                   batch_size, lang=lang)
-    return out
-
 
 def evaluate(encoder: Any, tatoeba_dir: str, layers: int | str | Sequence[int] = "all",
              languages: Sequence[str] | None = None, pool: str = "mean",
@@ -327,7 +271,7 @@ def evaluate(encoder: Any, tatoeba_dir: str, layers: int | str | Sequence[int] =
         langs = list(dict.fromkeys(languages))
     else:
         langs = found
-    uses_languages = _uses_languages(encoder)
+    uses_languages = embedding.uses_languages(encoder)
     if uses_languages:
         for lang in [*langs, ENGLISH]:  # fail before reading or embedding anything
             encoder.lang_id(lang)
@@ -351,13 +295,13 @@ def evaluate(encoder: Any, tatoeba_dir: str, layers: int | str | Sequence[int] =
         for k in keys(pair):
             counts[k] = counts.get(k, 0) + 1
     shared = [k for k, c in counts.items() if c > 1]
-    shared_vecs = _embed_keyed(encoder, shared, layer_list, pool, max_length, batch_size)
+    shared_vecs = embedding.embed_keyed(encoder, shared, layer_list, pool, max_length, batch_size)
     shared_at = {k: i for i, k in enumerate(shared)}
     per_layer_language: dict[int, dict[str, LanguageScore]] = {l: {} for l in layer_list}
     for pair in pairs:
         # Each distinct key is embedded once (an identical key gets the identical vector).
         own = [k for k in keys(pair) if k not in shared_at]
-        own_vecs = _embed_keyed(encoder, own, layer_list, pool, max_length, batch_size)
+        own_vecs = embedding.embed_keyed(encoder, own, layer_list, pool, max_length, batch_size)
         own_at = {k: i for i, k in enumerate(own)}
 
         def lookup(lang: str | None, sentences: list[str]) -> np.ndarray:
@@ -441,49 +385,6 @@ def plot_layers(result: RetrievalResult, out_png: str, title: str | None = None)
 
 # ----------------------------------------------------------------------------- CLI
 
-def _resolve_step(path: str, step: int | None) -> int | None:
-    """The step given, else the newest finished checkpoint of a trainer model_dir that has no
-    exported `params/` (what `load_encoder` loads then), else None."""
-    if step is not None:
-        return step
-    from xlm_jax import model_dir as md
-
-    if not md.is_model_dir(path) or md.has_params_dir(path):
-        return None
-    steps = md.checkpoint_steps(path)
-    return steps[-1] if steps else None
-
-
-def load_checkpoint(path: str, step: int | None = None,
-                    language_list: Sequence[str] | None = None) -> Any:
-    """`load_encoder(path)`, with `step=` and `language_list=` added only when given."""
-    from xlm_jax.encoder import load_encoder
-
-    kwargs: dict[str, Any] = {} if language_list is None else {"language_list": language_list}
-    if step is None:
-        return load_encoder(path, **kwargs)
-    try:
-        return load_encoder(path, step=step, **kwargs)
-    except TypeError as e:
-        if "step" not in str(e):
-            raise
-        raise ValueError(f"--step {step}: this xlm_jax's load_encoder() takes no step argument; "
-                         "point --checkpoint at a model directory instead") from None
-
-
-def read_language_list(text: str) -> list[str]:
-    """`--language_list`: a file with one code per line (blank lines skipped) if `text` names
-    one, else comma-separated codes."""
-    if os.path.isfile(text):
-        from xlm_jax.model_dir import read_language_file
-
-        return read_language_file(text)
-    codes = [c.strip() for c in text.split(",") if c.strip()]
-    if not codes:
-        raise ValueError(f"--language_list {text!r}: no language codes")
-    return codes
-
-
 def _layer_arg(text: str) -> int | str:
     if text == "all":
         return text
@@ -531,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         result = evaluate(encoder, args.tatoeba_dir, args.layer, languages, pool=args.pool,
                           max_length=args.max_length, batch_size=args.batch_size,
                           checkpoint=os.path.abspath(args.checkpoint),
-                          step=_resolve_step(args.checkpoint, args.step))
+                          step=embedding.resolve_step(args.checkpoint, args.step))
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from xlm_jax import cli_help
-from xlm_jax.evaluation import retrieval
+from xlm_jax.evaluation import embedding
 
 METHODS = ("sinkhorn", "xlmalign")
 EXTRACTIONS = ("mutual", "threshold")
@@ -254,7 +254,7 @@ def word_vectors(encoder: Any, sentences: Sequence[Sequence[str]], layer: int,
     truncated: every word needs a vector). `lang` as in `Encoder.embed_layers`."""
     if word_pool not in WORD_POOLS:
         raise ValueError(f"word_pool={word_pool!r} is not one of {', '.join(WORD_POOLS)}")
-    layer = retrieval.check_layer(layer, encoder.config.num_layers)[0]
+    layer = embedding.check_layer(layer, encoder.config.num_layers)[0]
     limit = max_length or encoder.config.max_sequence_length
     encoded = []
     for k, words in enumerate(sentences):
@@ -293,7 +293,7 @@ def joint_similarities(encoder: Any, pairs: Sequence[tuple[Sequence[str], Sequen
     (`joint_pieces`), source word of each row, target word of each column). `max_length`
     bounds the joint sequence (ValueError "pair K: ..."); a language model's lang_ids are
     `src_lang` on `<s> src </s>`, `tgt_lang` on `tgt </s>`."""
-    layer = retrieval.check_layer(layer, encoder.config.num_layers)[0]
+    layer = embedding.check_layer(layer, encoder.config.num_layers)[0]
     limit = max_length or encoder.config.max_sequence_length
     seqs, meta, langs = [], [], []
     for k, (src_words, tgt_words) in enumerate(pairs):
@@ -326,7 +326,7 @@ def read_sentences(path: str) -> list[list[str]]:
     """The whitespace-split words of every line; an empty line is a ValueError naming it."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: sentence file not found")
-    lines = retrieval._read_lines(path)
+    lines = embedding.read_lines(path)
     for n, line in enumerate(lines, 1):
         if not line.split():
             raise ValueError(f"{path}:{n}: empty line (every line must hold a sentence)")
@@ -423,9 +423,9 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
         read_sentences(args.src)  # bad input fails before the model is loaded
         read_sentences(args.tgt)
-        language_list = (retrieval.read_language_list(args.language_list)
+        language_list = (embedding.read_language_list(args.language_list)
                          if args.language_list is not None else None)
-        encoder = retrieval.load_checkpoint(args.checkpoint, args.step, language_list)
+        encoder = embedding.load_checkpoint(args.checkpoint, args.step, language_list)
         links = align_files(encoder, args.src, args.tgt, args.layer, args.src_lang,
                             args.tgt_lang, args.word_pool, args.eps, args.num_iters,
                             args.extraction, args.threshold, args.max_length, args.batch_size,
