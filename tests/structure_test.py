@@ -1,4 +1,5 @@
-"""Structure checks on the `xlm_jax` package: no import cycles, no oversized modules.
+"""Structure checks on the `xlm_jax` package: no import cycles, imports that follow the layer
+table, no oversized modules.
 
 Import graph (`test_no_import_cycles`). Every `xlm_jax/**/*.py` file is parsed with `ast`
 (nothing is imported) and every `import x` / `from x import y` is collected at any depth:
@@ -31,6 +32,15 @@ a shortest cycle through each of its members, one per line as `a -> b -> a`.
 `test_feature_contract_module_imports_no_other_data_module` pins the split that removed the
 data package's cycle: `xlm_jax.data.features` imports no xlm_jax module but `sampling`.
 
+Layers (`test_imports_follow_the_layer_table`). On the same graph, every edge between two
+units (a subpackage, or a top-level module) must be one `ALLOWED` permits: models <-
+objectives <- train <- tools, data and evaluation beside (docs/architecture.md,
+"Dependencies between packages"). An edge to a package `__init__` that importing one of its
+submodules runs is judged by that submodule. Tools (`TOOLS`, `TOOL_PREFIXES`) may import any
+unit; a unit in neither is reported, and so is an `EXCEPTIONS` entry that no edge uses. The
+cycle check is per module, so it could not see a cycle between packages that no one module
+closes (objectives.base -> train.flops inside a function, train.step -> objectives.base).
+
 Module size (`test_no_library_module_over_600_lines`): no `xlm_jax/**/*.py` over
 `MAX_LINES` lines.
 
@@ -43,7 +53,7 @@ from __future__ import annotations
 import ast
 import collections
 import pathlib
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import pytest
 
@@ -245,6 +255,94 @@ def import_cycles(graph: Mapping[str, Iterable[str]]) -> list[str]:
     return sorted(out)
 
 
+# --------------------------------------------------------------------------- layers
+
+# The layers of `xlm_jax` and what each may import (docs/architecture.md, "Dependencies").
+# A unit is a subpackage (`xlm_jax.train.loop` is in `train`) or a top-level module
+# (`xlm_jax.model_dir` is `model_dir`); the package's own `__init__` is the unit `xlm_jax`.
+# An entry of a set is a unit, or one module of a unit (`data.features`: objectives may import
+# the TF-free feature contract and nothing else of `data`). Imports inside a unit are free
+# (its own cycles are `test_no_import_cycles`'s business).
+ALLOWED: dict[str, frozenset[str]] = {
+    # The encoder, its layers and masks: imports nothing else of the library.
+    "models": frozenset(),
+    # The library's leaf modules, usable from any layer above models.
+    "cli_help": frozenset(),
+    "model_dir": frozenset({"models"}),  # reads and writes `models.config.ModelConfig`
+    # The objectives: models, and the feature names every example kind uses.
+    "objectives": frozenset({"models", "data.features"}),
+    # Beside the objectives and the trainer, never importing them.
+    "data": frozenset({"model_dir", "cli_help"}),
+    "convert": frozenset({"models", "model_dir", "cli_help"}),
+    "encoder": frozenset({"models", "data", "model_dir", "convert"}),
+    "evaluation": frozenset({"models", "data", "model_dir", "encoder", "cli_help"}),
+    # The trainer: everything below it, never convert (its CLI is a tool) nor a tool.
+    "train": frozenset({"models", "objectives", "data", "evaluation", "encoder", "model_dir",
+                        "cli_help"}),
+}
+# The top: CLIs and tools, which may import any unit (cycles among them are still cycles).
+TOOLS = frozenset({"xlm_jax", "finetune", "bench", "demo", "encode", "lower", "pod_memory",
+                   "smoke", "translate"})
+TOOL_PREFIXES = ("league",)  # league_plan, league_score, ...
+# Single module edges the table does not allow, each with its reason. Keep this short.
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("evaluation.translation", "objectives.translation"):
+        "BLEU of a trained Translation objective: it rebuilds that objective's encoder-decoder "
+        "(run files configure it as `translation_eval.evaluate`)",
+}
+
+
+def unit_of(module: str, package: str = PACKAGE) -> str:
+    """The layer-table unit of a module name of `package` (see ALLOWED)."""
+    parts = module.split(".")
+    assert parts[0] == package, module
+    return parts[1] if len(parts) > 1 else package
+
+
+def _is_tool(unit: str) -> bool:
+    return unit in TOOLS or unit.startswith(TOOL_PREFIXES)
+
+
+def _matches(target: str, entry: str, package: str) -> bool:
+    """Whether the module `target` is the table entry `entry` (a unit or a module of one),
+    inside it, or a package `__init__` that importing `entry` runs."""
+    full = f"{package}.{entry}"
+    return target == full or target.startswith(full + ".") or full.startswith(target + ".")
+
+
+def layer_violations(graph: Mapping[str, Iterable[str]],
+                     allowed: Mapping[str, frozenset[str]] = ALLOWED,
+                     is_tool: Callable[[str], bool] = _is_tool,
+                     exceptions: Mapping[tuple[str, str], str] = EXCEPTIONS,
+                     package: str = PACKAGE) -> list[str]:
+    """One line per import edge between two units that `allowed` does not permit,
+    `unit -> unit: module imports module`, sorted; a unit that is neither in `allowed` nor a
+    tool gives one line `unit: not in the layer table`; so does an exception no edge uses."""
+    out, used = set(), set()
+    for source, targets in graph.items():
+        unit = unit_of(source, package)
+        if is_tool(unit):
+            continue
+        if unit not in allowed:
+            out.add(f"{unit}: not in the layer table (ALLOWED or TOOLS)")
+            continue
+        targets = set(targets)
+        for target in targets:
+            if any(other.startswith(target + ".") for other in targets):
+                continue  # a package `__init__` that importing `other` runs: judge `other`
+            target_unit = unit_of(target, package)
+            if target_unit == unit or any(_matches(target, e, package) for e in allowed[unit]):
+                continue
+            key = (source.removeprefix(package + "."), target.removeprefix(package + "."))
+            if key in exceptions:
+                used.add(key)
+                continue
+            out.add(f"{unit} -> {target_unit}: {source} imports {target}")
+    out.update(f"exception {a} -> {b}: no such import any more" for a, b in exceptions
+               if (a, b) not in used)
+    return sorted(out)
+
+
 # --------------------------------------------------------------------------- the checks
 
 
@@ -253,6 +351,17 @@ def test_no_import_cycles():
     assert f"{PACKAGE}.data" in sources and f"{PACKAGE}.train.loop" in sources, sorted(sources)
     cycles = import_cycles(import_graph(sources))
     assert not cycles, "import cycles in xlm_jax:\n  " + "\n  ".join(cycles)
+
+
+def test_imports_follow_the_layer_table():
+    """Every import between two units of xlm_jax, function-level imports included, is one the
+    layer table allows: models <- objectives <- train <- tools, data and evaluation beside
+    (never importing train, objectives, finetune or a tool)."""
+    graph = import_graph(package_sources())
+    assert f"{PACKAGE}.objectives.base" in graph and f"{PACKAGE}.train.step" in graph
+    violations = layer_violations(graph)
+    assert not violations, ("imports against the layer table (tests/structure_test.py "
+                            "ALLOWED, docs/architecture.md):\n  " + "\n  ".join(violations))
 
 
 def test_feature_contract_module_imports_no_other_data_module():
@@ -372,6 +481,29 @@ def test_cycle_finder_is_not_recursive():
     assert len(components) == 1 and len(components[0]) == n + 1
     chain[str(n)] = []
     assert len(strongly_connected_components(chain)) == n + 1
+
+
+def test_layer_checker_on_a_synthetic_graph():
+    allowed = {"low": frozenset(), "mid": frozenset({"low", "side.api"}),
+               "side": frozenset({"low"})}
+    graph = {
+        "p": set(), "p.low.a": set(), "p.low.b": {"p.low.a"},  # inside a unit: free
+        "p.mid.x": {"p.low.a", "p.low", "p.side.api", "p.side"},  # side's __init__ is run
+        "p.mid.y": {"p.side.impl", "p.low.b"},  # only side.api is allowed
+        "p.side.api": {"p.low.a", "p.mid.x"},  # upwards
+        "p.side.impl": {"p.top"},  # a tool is above everything
+        "p.top": {"p.mid.x", "p.side.impl"},  # tools import anything
+        "p.odd": {"p.low.a"},  # in no table
+    }
+    got = layer_violations(graph, allowed, is_tool=lambda u: u in ("top", "p"),
+                           exceptions={("mid.y", "side.impl"): "why",
+                                       ("side.api", "low.a"): "stale"}, package="p")
+    assert got == ["exception side.api -> low.a: no such import any more",
+                   "odd: not in the layer table (ALLOWED or TOOLS)",
+                   "side -> mid: p.side.api imports p.mid.x",
+                   "side -> top: p.side.impl imports p.top"]
+    assert layer_violations(graph, allowed, is_tool=lambda u: True, exceptions={},
+                            package="p") == []
 
 
 def test_test_file_names_are_unique():
