@@ -1,0 +1,482 @@
+"""`python -m xlm_jax.league`: every objective from one base, at the same training FLOPs.
+
+Each paper measures its objective on its own data and budget. The league trains one base masked
+LM (MMLM, long enough that it uses context: its held-out masked-LM loss well below the unigram
+entropy of the targets), then continues every recipe from it for the same number of training
+FLOPs (the trainer's own count, `xlm_jax.train.flops`: XLM-E's generator and ERNIE-M's extra
+passes pay their way), over seeds, and scores each on Tatoeba retrieval (best layer and the
+per-layer curve) and on the demo transfer task (English-trained, zero-shot accuracy over the
+other languages, 3 fine-tuning seeds).
+
+    python -m xlm_jax.league --seeds 3 --out league_output
+
+Outputs in --out: league.json, league.md (the table), league.png (score against training
+FLOPs), league_settings.json (what the league is: base, budget, recipes, seeds), base/ (the
+base's trainer model directory and scores) and cells/RECIPE/seed_K/ (each cell's). Killed at
+any point, the same command resumes: each cell is a trainer model directory (which resumes
+exactly) with its scores cached beside it, and every training or fine-tuning runs in a
+subprocess that dies with the league. A --out that holds a league of other settings is refused.
+Recipes: gin_configs/league/RECIPE.gin; settings other than the flags: --gin_file /
+--gin.LeagueConfig.NAME=VALUE (xlm_jax/league_plan.py). docs/league.md has the defaults, the
+budget, the results and the GPU preset (--gin_file=league/gpu_1h.gin).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from xlm_jax import league_plan as plan
+from xlm_jax import league_score as score_lib
+from xlm_jax.league_score import read_json, write_json_atomic
+
+# Defaults of the 2-CPU-core league (docs/league.md says how they were measured).
+DEFAULT_BASE_STEPS = 3000
+DEFAULT_BUDGET_TFLOP = 6.0
+DEFAULT_SEEDS = 3
+SETTINGS_FILE = "league_settings.json"
+# A child process gets SIGKILL when the league dies (Linux prctl PR_SET_PDEATHSIG), so a killed
+# league leaves no trainer writing into a cell that the next command resumes.
+_CHILD = ("import ctypes, os, runpy, sys\n"
+          "try:\n    ctypes.CDLL(None).prctl(1, 9)\nexcept Exception:\n    pass\n"
+          "if os.getppid() != int(sys.argv[1]):\n    sys.exit('parent exited')\n"
+          "sys.argv = sys.argv[2:]\nrunpy.run_module(sys.argv[0], run_name='__main__')\n")
+
+
+def child_command(module: str, args: Sequence[str]) -> list[str]:
+    """`python -m MODULE ARGS` as a child that dies with this process."""
+    return [sys.executable, "-c", _CHILD, str(os.getpid()), module, *args]
+
+
+# ----------------------------------------------------------------------------- settings
+
+@dataclasses.dataclass(frozen=True)
+class BaseSettings:
+    """What the base is: its gin files and bindings, its steps, its configuration's digest."""
+
+    gin_files: tuple[str, ...]
+    bindings: tuple[str, ...]
+    steps: int
+    config_digest: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gin_files": list(self.gin_files), "bindings": list(self.bindings),
+                "steps": self.steps, "config_digest": self.config_digest}
+
+
+@dataclasses.dataclass(frozen=True)
+class LeagueSettings:
+    """The record in `--out/league_settings.json`: base, budget, recipes (with their
+    configuration digests) and seeds. A league's cells are only comparable under equal
+    settings, so another base, budget or recipe set in the same --out is refused."""
+
+    base: BaseSettings
+    budget_tflop: float
+    recipes: tuple[str, ...]
+    recipe_digests: dict[str, str]
+    seeds: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"base": self.base.to_json(), "budget_tflop": self.budget_tflop,
+                "recipes": list(self.recipes), "recipe_digests": dict(self.recipe_digests),
+                "seeds": list(self.seeds)}
+
+    def conflict_with(self, old: dict[str, Any], out: str) -> str | None:
+        """One line naming the flag and the value that differ from `old` (a record), or None.
+        Seeds may differ: more seeds extend a league, fewer report a subset."""
+        def line(flag: str, value: Any, was: Any) -> str:
+            return (f"{flag}={value} conflicts with the league in {out} ({flag}={was} there); "
+                    "use another --out, or that league's settings")
+
+        ob = old.get("base", {})
+        if ob.get("steps") != self.base.steps:
+            return line("--base_steps", self.base.steps, ob.get("steps"))
+        if ob.get("config_digest") != self.base.config_digest:
+            ours = [*self.base.gin_files, *self.base.bindings]
+            theirs = [*ob.get("gin_files", []), *ob.get("bindings", [])]
+            mine = [b for b in ours if b not in theirs]
+            other = [b for b in theirs if b not in ours]
+            return line("--gin_file/--gin (the base's configuration)",
+                        "; ".join(mine) or f"sha256 {self.base.config_digest[:12]}",
+                        "; ".join(other) or f"sha256 {str(ob.get('config_digest'))[:12]}")
+        if float(old.get("budget_tflop", -1)) != self.budget_tflop:
+            return line("--budget_tflop", _num(self.budget_tflop), _num(old.get("budget_tflop")))
+        if list(old.get("recipes", [])) != list(self.recipes):
+            return line("--recipes", ",".join(self.recipes), ",".join(old.get("recipes", [])))
+        for r in self.recipes:
+            if old.get("recipe_digests", {}).get(r) != self.recipe_digests[r]:
+                return line(f"--gin_file/--gin (recipe {r}'s configuration)",
+                            self.recipe_digests[r][:12],
+                            str(old.get("recipe_digests", {}).get(r))[:12])
+        return None
+
+
+def _num(x: Any) -> str:
+    return f"{x:g}" if isinstance(x, (int, float)) else str(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One recipe x seed: its trainer model directory and its planned training."""
+
+    recipe: str
+    seed: int
+    dir: str
+    steps: int
+    cost: plan.RecipeCost
+
+    @property
+    def model_dir(self) -> str:
+        return os.path.join(self.dir, "model")
+
+    @property
+    def train_tflop(self) -> float:
+        return self.cost.train_flops(self.steps) / 1e12
+
+
+@dataclasses.dataclass(frozen=True)
+class CellScore:
+    """A finished cell's numbers (what league.json lists per seed). Accuracies in %."""
+
+    recipe: str
+    seed: int
+    model_dir: str
+    steps: int
+    tokens_per_step: float
+    flops_per_token: float
+    train_tflop: float
+    retrieval_acc1: float
+    retrieval_layer: int
+    retrieval_per_layer: dict[str, float]
+    transfer_avg: float | None
+    transfer_en: float | None
+    transfer_gap: float | None
+    train_seconds: float
+    score_seconds: float
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "CellScore":
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything the league will do, decided before anything is trained."""
+
+    config: plan.LeagueConfig
+    settings: LeagueSettings
+    base_cost: plan.RecipeCost
+    cells: tuple[Cell, ...]
+    out: str
+
+
+# ----------------------------------------------------------------------------- planning
+
+def parse_recipes(text: str) -> tuple[str, ...]:
+    """The comma-separated recipe names, each checked (ValueError naming --recipes)."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise ValueError(f"--recipes={text!r}: no recipe named (recipes: "
+                         f"{', '.join(plan.RECIPES)})")
+    for name in names:
+        if name not in plan.RECIPES:
+            raise ValueError(f"--recipes={text}: unknown recipe {name!r} (recipes: "
+                             f"{', '.join(plan.RECIPES)})")
+    return names
+
+
+def base_settings(config: plan.LeagueConfig, steps: int) -> tuple[BaseSettings,
+                                                                   plan.RecipeCost]:
+    """The base's settings and cost (its gin parsed, nothing built)."""
+    bindings = config.base_bindings_all()
+    cost = plan.recipe_cost(config.base_gin, [*bindings, f"TRAIN_STEPS = {steps}"])
+    return BaseSettings(tuple(config.base_gin), tuple(bindings), steps,
+                        cost.config_digest), cost
+
+
+def make_plan(config: plan.LeagueConfig, recipes: Sequence[str], seeds: int,
+              base_steps: int, budget_tflop: float, out: str) -> Plan:
+    """Checks the flags, costs every recipe and sizes its cells for the budget. One-line
+    ValueErrors name the flag and value: --seeds, --base_steps, --budget_tflop below one step
+    (one mixture cycle) of a recipe."""
+    if seeds < 1:
+        raise ValueError(f"--seeds={seeds}: must be >= 1")
+    if base_steps < 1:
+        raise ValueError(f"--base_steps={base_steps}: must be >= 1")
+    if not budget_tflop > 0:
+        raise ValueError(f"--budget_tflop={_num(budget_tflop)}: must be > 0")
+    base, base_cost = base_settings(config, base_steps)
+    costs, steps = {}, {}
+    for r in recipes:
+        # TRAIN_STEPS does not change the cost; a fixed value keeps the digest step-free
+        costs[r] = plan.recipe_cost(config.recipe_gin(r), [*config.bindings_for(r),
+                                                           "TRAIN_STEPS = 1"])
+        steps[r] = costs[r].steps_for(budget_tflop * 1e12)
+        if steps[r] == 0:
+            unit = (f"one step ({costs[r].flops_per_step / 1e12:.4g} TFLOP)" if
+                    costs[r].cycle == 1 else f"one cycle of its {costs[r].cycle}-step mixture "
+                    f"({costs[r].cycle * costs[r].flops_per_step / 1e12:.4g} TFLOP)")
+            raise ValueError(f"--budget_tflop={_num(budget_tflop)} is smaller than {unit} of "
+                             f"recipe {r}")
+    settings = LeagueSettings(base, float(budget_tflop), tuple(recipes),
+                              {r: costs[r].config_digest for r in recipes},
+                              tuple(range(seeds)))
+    cells = tuple(Cell(r, s, os.path.join(out, "cells", r, f"seed_{s}"), steps[r], costs[r])
+                  for s in range(seeds) for r in recipes)  # seed-major: early full rows
+    return Plan(config, settings, base_cost, cells, out)
+
+
+def claim_out(p: Plan) -> None:
+    """Writes the settings record into a new --out, or checks an existing one (a conflict is
+    a ValueError naming the flag and value; nothing in --out is written then)."""
+    path = os.path.join(p.out, SETTINGS_FILE)
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f)
+        clash = p.settings.conflict_with(old, p.out)
+        if clash:
+            raise ValueError(clash)
+        if old.get("seeds") == list(p.settings.seeds):
+            return
+    os.makedirs(p.out, exist_ok=True)
+    write_json_atomic(path, p.settings.to_json())
+
+
+# ----------------------------------------------------------------------------- training
+
+def trained_to(model_dir: str, steps: int) -> bool:
+    """Whether the trainer directory holds a finished checkpoint at `steps`."""
+    from xlm_jax import model_dir as md
+
+    return os.path.isdir(model_dir) and steps in md.checkpoint_steps(model_dir)
+
+
+def train(model_dir: str, gin_files: Sequence[str], bindings: Sequence[str], log_path: str,
+          what: str) -> float:
+    """`python -m xlm_jax.train` into `model_dir` (resuming whatever is there) as a child
+    process, output appended to `log_path`; returns the wall-clock seconds."""
+    args = [f"--model_dir={model_dir}", *[f"--gin_file={f}" for f in gin_files],
+            *[f"--gin_bindings={b}" for b in bindings]]
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    t0 = time.time()
+    with open(log_path, "a", encoding="utf-8") as log:
+        score_lib.run_logged(child_command("xlm_jax.train", args), log, what)
+    return time.time() - t0
+
+
+def ensure_base(base_dir: str, config: plan.LeagueConfig, settings: BaseSettings,
+                out: Any = sys.stdout) -> str:
+    """The base's trainer model directory, trained to `settings.steps` (once: a finished base
+    is reused, a partial one resumed); `base_dir/base_settings.json` records what it is, and a
+    base of other settings there is a ValueError."""
+    model_dir = os.path.join(base_dir, "model")
+    record = os.path.join(base_dir, "base_settings.json")
+    old = read_json(record)
+    if old is not None and old != settings.to_json():
+        raise ValueError(f"{base_dir} holds a base of other settings ({old.get('steps')} steps, "
+                         f"gin {' '.join(old.get('gin_files', []))}); use another directory")
+    if old is None:
+        os.makedirs(base_dir, exist_ok=True)
+        write_json_atomic(record, settings.to_json())
+    timing = os.path.join(base_dir, "train_time.json")
+    if not trained_to(model_dir, settings.steps):
+        print(f"base: training MMLM for {settings.steps} steps in {model_dir} (log: "
+              f"{base_dir}/train.log)", file=out, flush=True)
+        seconds = train(model_dir, config.base_gin,
+                        [*settings.bindings, f"TRAIN_STEPS = {settings.steps}"],
+                        os.path.join(base_dir, "train.log"), "base training")
+        write_json_atomic(timing, {"train_seconds": seconds})
+        print(f"base: trained in {seconds / 60:.1f} min", file=out, flush=True)
+    return model_dir
+
+
+def cell_bindings(config: plan.LeagueConfig, cell: Cell, base_model: str) -> list[str]:
+    """The training bindings of a cell: the recipe's, its steps, the base, its seed."""
+    return [*config.bindings_for(cell.recipe), f"TRAIN_STEPS = {cell.steps}",
+            f"loop.train.init_from = {base_model!r}", f"loop.train.seed = {cell.seed}"]
+
+
+# ----------------------------------------------------------------------------- scoring
+
+def tatoeba_dir(config: plan.LeagueConfig) -> str:
+    """`config.tatoeba_dir`, found from the working directory or the package root (as the
+    gin files' shipped paths are)."""
+    from xlm_jax.train import gin_utils
+
+    path = config.tatoeba_dir
+    if os.path.isabs(path) or os.path.exists(path):
+        return os.path.abspath(path)
+    return os.path.join(gin_utils.PACKAGE_ROOT, path)
+
+
+def score_model(model_dir: str, work_dir: str, config: plan.LeagueConfig, log_path: str
+                ) -> tuple[score_lib.RetrievalScore, score_lib.TransferScore | None]:
+    """Retrieval (cached in `work_dir/retrieval.json`) and transfer (fine-tuned in
+    `work_dir/transfer`, which caches itself) of a trained model directory."""
+    cached = read_json(os.path.join(work_dir, "retrieval.json"))
+    if cached is None:
+        ret = score_lib.retrieval_scores(model_dir, tatoeba_dir(config), config.languages)
+        write_json_atomic(os.path.join(work_dir, "retrieval.json"), dataclasses.asdict(ret))
+    else:
+        ret = score_lib.RetrievalScore(cached["acc1"], cached["best_layer"],
+                                       {int(k): v for k, v in cached["per_layer"].items()})
+    transfer = None
+    if config.transfer_gin:
+        with open(log_path, "a", encoding="utf-8") as log:
+            transfer = score_lib.transfer_scores(
+                model_dir, os.path.join(work_dir, "transfer"), config.transfer_gin,
+                config.transfer_bindings, log, command=lambda a: child_command(
+                    "xlm_jax.finetune", a))
+    return ret, transfer
+
+
+def base_scores(base_dir: str, config: plan.LeagueConfig, out: Any = sys.stdout
+                ) -> dict[str, Any]:
+    """The base's masked-LM check, retrieval and transfer (cached in `base_dir/score.json`)."""
+    path = os.path.join(base_dir, "score.json")
+    cached = read_json(path)
+    if cached is not None:
+        return cached
+    model_dir = os.path.join(base_dir, "model")
+    settings = read_json(os.path.join(base_dir, "base_settings.json"))
+    t0 = time.time()
+    mlm = score_lib.masked_lm_heldout(model_dir, tatoeba_dir(config), _seq_len(model_dir),
+                                      config.languages)
+    print(f"base: held-out masked LM loss {mlm.loss:.3f} nats (unigram entropy "
+          f"{mlm.unigram_entropy:.3f}), accuracy {100 * mlm.accuracy:.1f}% (most frequent "
+          f"token {mlm.most_frequent_token!r}: {100 * mlm.most_frequent_rate:.1f}%)",
+          file=out, flush=True)
+    ret, transfer = score_model(model_dir, base_dir, config, os.path.join(base_dir, "score.log"))
+    timing = read_json(os.path.join(base_dir, "train_time.json")) or {}
+    value = {"model_dir": os.path.abspath(model_dir), "steps": settings["steps"],
+             "mlm": {**dataclasses.asdict(mlm), "uses_context": mlm.uses_context},
+             **_score_fields(ret, transfer),
+             "train_seconds": timing.get("train_seconds"),
+             "score_seconds": time.time() - t0}
+    write_json_atomic(path, value)
+    return value
+
+
+def _seq_len(model_dir: str) -> int:
+    """The training row length of a trainer directory (its operative gin configuration)."""
+    import re
+
+    with open(os.path.join(model_dir, "operative_config.gin"), encoding="utf-8") as f:
+        m = re.search(r"^\s*seq_len = (\d+)", f.read(), re.M)
+    return int(m.group(1)) if m else 128
+
+
+def _score_fields(ret: score_lib.RetrievalScore, transfer: score_lib.TransferScore | None
+                  ) -> dict[str, Any]:
+    return {"retrieval_acc1": ret.acc1, "retrieval_layer": ret.best_layer,
+            "retrieval_per_layer": {str(k): v for k, v in sorted(ret.per_layer.items())},
+            "transfer_avg": None if transfer is None else transfer.avg,
+            "transfer_en": None if transfer is None else transfer.en,
+            "transfer_gap": None if transfer is None else transfer.gap}
+
+
+def run_cell(cell: Cell, p: Plan, base_model: str, out: Any = sys.stdout) -> CellScore:
+    """Trains (or resumes) and scores one cell; its score is cached in `cell.dir/score.json`."""
+    path = os.path.join(cell.dir, "score.json")
+    cached = read_json(path)
+    if cached is not None:
+        return CellScore.from_json(cached)
+    timing_path = os.path.join(cell.dir, "train_time.json")
+    log = os.path.join(cell.dir, "train.log")
+    if not trained_to(cell.model_dir, cell.steps):
+        print(f"{cell.recipe} seed {cell.seed}: training {cell.steps} steps "
+              f"({cell.train_tflop:.3g} TFLOP) from the base (log: {log})", file=out, flush=True)
+        seconds = train(cell.model_dir, p.config.recipe_gin(cell.recipe),
+                        cell_bindings(p.config, cell, base_model), log,
+                        f"{cell.recipe} seed {cell.seed} training")
+        write_json_atomic(timing_path, {"train_seconds": seconds})
+    t0 = time.time()
+    ret, transfer = score_model(cell.model_dir, cell.dir, p.config,
+                                os.path.join(cell.dir, "score.log"))
+    fields = _score_fields(ret, transfer)
+    result = CellScore(
+        recipe=cell.recipe, seed=cell.seed, model_dir=os.path.abspath(cell.model_dir),
+        steps=cell.steps, tokens_per_step=cell.cost.tokens_per_step,
+        flops_per_token=cell.cost.flops_per_token, train_tflop=cell.train_tflop,
+        train_seconds=(read_json(timing_path) or {}).get("train_seconds", float("nan")),
+        score_seconds=time.time() - t0, **fields)
+    write_json_atomic(path, dataclasses.asdict(result))
+    gap = "" if result.transfer_gap is None else (
+        f", transfer {result.transfer_avg:.1f} (gap {result.transfer_gap:.1f})")
+    print(f"{cell.recipe} seed {cell.seed}: retrieval {result.retrieval_acc1:.1f} (layer "
+          f"{result.retrieval_layer}){gap}", file=out, flush=True)
+    return result
+
+
+# ----------------------------------------------------------------------------- the league
+
+def run_league(p: Plan, command: str, out: Any = sys.stdout) -> dict[str, Any]:
+    """Claims --out, trains and scores the base and every cell (skipping finished ones),
+    rewriting league.json/.md/.png after each cell; returns what league.json holds."""
+    from xlm_jax import league_report as report
+
+    claim_out(p)
+    base_dir = os.path.join(p.out, "base")
+    base_model = ensure_base(base_dir, p.config, p.settings.base, out)
+    base = base_scores(base_dir, p.config, out)
+    done: list[CellScore] = []
+    for i, cell in enumerate(p.cells):
+        print(f"[{i + 1}/{len(p.cells)}] {cell.recipe} seed {cell.seed}", file=out, flush=True)
+        done.append(run_cell(cell, p, base_model, out))
+        league = report.league_json(p, base, done, command)
+        report.write_all(p.out, league)
+    league = report.league_json(p, base, done, command)
+    report.write_all(p.out, league)
+    print(f"wrote {os.path.join(p.out, 'league.md')}, league.json and league.png",
+          file=out, flush=True)
+    return league
+
+
+def _parser() -> argparse.ArgumentParser:
+    from xlm_jax.train import cli
+
+    p = cli.gin_parser("python -m xlm_jax.league", __doc__,
+                       "LeagueConfig.transfer_bindings = ['run.finetune.train_steps = 100']")
+    p.add_argument("--recipes", default=",".join(plan.RECIPES),
+                   help="comma-separated recipes (gin_configs/league/RECIPE.gin)")
+    p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
+                   help="training seeds per recipe (0 .. N-1)")
+    p.add_argument("--base_steps", type=int, default=DEFAULT_BASE_STEPS,
+                   help="training steps of the base MMLM (league/base.gin)")
+    p.add_argument("--budget_tflop", type=float, default=DEFAULT_BUDGET_TFLOP,
+                   help="training TFLOPs of every recipe's continuation (the trainer's count: "
+                        "xlm_jax.train.flops)")
+    p.add_argument("--out", default="league_output",
+                   help="the league's directory (resumed when it holds this league)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from xlm_jax.train import cli
+
+    argv = list(sys.argv if argv is None else ["python -m xlm_jax.league", *argv])
+    args = cli.parse_flags(_parser(), argv)
+    if isinstance(args, int):
+        return args
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    command = " ".join(["python -m xlm_jax.league", *argv[1:]])
+
+    def run() -> int:
+        cli.parse_gin(args, placeholders=())
+        config = plan.league_config()
+        recipes = parse_recipes(args.recipes)
+        p = make_plan(config, recipes, args.seeds, args.base_steps, args.budget_tflop,
+                      os.path.abspath(args.out))
+        run_league(p, command)
+        return 0
+
+    return cli.run_reporting(run, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
