@@ -16,8 +16,10 @@
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
+import os
 import statistics
 import sys
 import tempfile
@@ -252,7 +254,8 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
         gin.bind_parameter("loop.train.profile_first_step", cycle)
         gin.bind_parameter("loop.train.profile_steps", timed)
     with tempfile.TemporaryDirectory() as tmp:
-        result = loop.train(profile_dir or tmp, out=open("/dev/null", "w"))
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+            result = loop.train(profile_dir or tmp)
     model_cfg, bs, sl = result.model, result.batch_size, result.seq_len
     times = result.step_seconds[cycle:]
     step_s = statistics.median(sum(times[i:i + cycle]) / cycle

@@ -12,8 +12,8 @@ A model directory is what `python -m xlm_jax.train` writes and what `load_encode
     operative_config.gin       the gin configuration as run (trainer)
     checkpoints/<step>/state   orbax item: the whole train state {step, params: {encoder,
                                objectives}, opt_state, obj_state} (trainer)
-    checkpoints/<step>/extra   orbax JSON item: step, data position, tasks, the saved
-                               input positions' seeds and shapes (trainer)
+    checkpoints/<step>/extra   orbax JSON item: the trainer's `ResumeInfo` (step, process
+                               count, the saved input positions' seeds and shapes)
     data_state/<step>/         each process's tf.data iterator state per objective, beside
                                checkpoint <step> (trainer; `xlm_jax.train.data_state`)
     params/                    orbax checkpoint of the encoder's parameters alone

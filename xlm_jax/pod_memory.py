@@ -4,7 +4,7 @@ for a mesh of fake devices, without a pod and without allocating the model.
   python -m xlm_jax.pod_memory --gin_file=runs/xlme_large.gin --devices 256 \\
       --mesh data=16,fsdp=16 --batch_size 256 --seq_len 512 [--size xl] [--json OUT]
 
-It builds what `loop.train` builds from the gin files, with `loop`'s own functions (mesh,
+It builds what `loop.train` builds from the gin files, with `train.setup`'s functions (mesh,
 objectives, rules, optimiser, init function, state shardings, the jitted step with its donated
 state), from an abstract state (`jax.eval_shape` of the init function) and abstract batches of
 the synthetic streams' shapes, and compiles the step for `--devices` host devices
@@ -195,7 +195,7 @@ class Built:
     rules: Any  # the run's logical-axis rules
     model: Any  # ModelConfig
     shapes: dict[str, Any]  # objective name -> mixture.Shape
-    parts: Any  # loop.StateParts (abstract state and its shardings)
+    parts: Any  # setup.StateParts (abstract state and its shardings)
     step_fn: Any  # the jitted train step
     args: tuple[Any, ...]  # (state, batches, rng) as sharded jax.ShapeDtypeStructs
 
@@ -203,14 +203,14 @@ class Built:
 def build(mesh_sizes: Mapping[str, int], batch_size: int | None = None,
           seq_len: int | None = None) -> Built:
     """The parsed gin configuration's train step for `mesh_sizes` over all of jax's devices,
-    built by `loop`'s own functions as `loop.train` builds it, with an abstract state and the
+    built by `train.setup`'s functions as `loop.train` builds it, with an abstract state and the
     batches of step 0 (the objectives that run then, synthetic streams of their kinds)."""
     import jax
     import numpy as np
 
     from xlm_jax.models.transformer import Transformer
     from xlm_jax.train import data as data_lib
-    from xlm_jax.train import loop, mixture, partitioning
+    from xlm_jax.train import mixture, partitioning, setup
 
     kw = train_bindings()
     batch_size = batch_size or kw["batch_size"]
@@ -218,12 +218,12 @@ def build(mesh_sizes: Mapping[str, int], batch_size: int | None = None,
     model, specs = kw["model"], kw["objectives"]
     shapes = mixture.resolve(specs, batch_size, seq_len)
     mesh = partitioning.make_mesh(partitioning.MeshConfig(**mesh_sizes), jax.devices())
-    loop.check_batches(shapes, batch_size, kw["accum_steps"], mesh)
+    setup.check_batches(shapes, batch_size, kw["accum_steps"], mesh)
     net = Transformer(model)
-    objs, rules = loop.build_objectives(net, specs, kw["axis_rule_overrides"],
+    objs, rules = setup.build_objectives(net, specs, kw["axis_rule_overrides"],
                                         kw["optimizer"], check_tasks=False)
     # languages=None: no seqio task records a language table for synthetic streams (as train)
-    parts = loop.build_state(net, objs, specs, rules, None, kw["optimizer"], seq_len, mesh,
+    parts = setup.build_state(net, objs, specs, rules, None, kw["optimizer"], seq_len, mesh,
                              check_tasks=False)
     state = jax.tree_util.tree_map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
@@ -241,7 +241,7 @@ def build(mesh_sizes: Mapping[str, int], batch_size: int | None = None,
             v.shape, v.dtype, sharding=partitioning.batch_sharding(mesh, v.ndim))
             for k, v in first.items()}
     rng = jax.ShapeDtypeStruct((2,), np.uint32, sharding=partitioning.replicated(mesh))
-    step_fn = loop.jit_train_step(objs, parts, mesh, kw["accum_steps"],
+    step_fn = setup.jit_train_step(objs, parts, mesh, kw["accum_steps"],
                                   kw["loss_normalization"])
     return Built(mesh, rules, model, {n: shapes[n] for n in batches}, parts, step_fn,
                  (state, batches, rng))

@@ -5,6 +5,7 @@ sharding, accumulation and resume tests compare against (fp32, no dropout, synch
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Callable
 
@@ -39,16 +40,17 @@ def train_tiny(model_dir: Any, steps: int, *, model: dict | None = None,
                out: Any = None, keep: int = 5, async_save: bool = False, **kw: Any) -> loop.TrainResult:
     """`loop.train` of TINY_MODEL (updated by `model`) for `steps` steps at seq_len 32; the
     progress lines go to `out` (default: nowhere)."""
-    return loop.train(
-        str(model_dir), model=loop.model_config("tiny", {**TINY_MODEL, **(model or {})}),
-        objectives=objectives or mlm_objectives(), train_steps=steps, batch_size=batch,
-        seq_len=32, accum_steps=accum,
-        optimizer=optimizer or optim.OptimizerConfig(learning_rate=3e-3, warmup_steps=2,
-                                                     total_steps=20),
-        mesh=mesh or partitioning.MeshConfig(data=-1), num_devices=num_devices,
-        checkpoint=checkpoints.CheckpointConfig(save_every_steps=save_every, keep=keep,
-                                                async_save=async_save),
-        out=out or open(os.devnull, "w"), **{"log_every": 1, **kw})
+    with contextlib.redirect_stdout(out or open(os.devnull, "w")):
+        return loop.train(
+            str(model_dir), model=loop.model_config("tiny", {**TINY_MODEL, **(model or {})}),
+            objectives=objectives or mlm_objectives(), train_steps=steps, batch_size=batch,
+            seq_len=32, accum_steps=accum,
+            optimizer=optimizer or optim.OptimizerConfig(learning_rate=3e-3, warmup_steps=2,
+                                                         total_steps=20),
+            mesh=mesh or partitioning.MeshConfig(data=-1), num_devices=num_devices,
+            checkpoint=checkpoints.CheckpointConfig(save_every_steps=save_every, keep=keep,
+                                                    async_save=async_save),
+            **{"log_every": 1, **kw})
 
 
 def assert_trees_close(a: Any, b: Any, atol: float) -> None:

@@ -9,18 +9,18 @@ import jax
 import pytest
 
 from testlib.tiny_run import train_tiny as _train
-from xlm_jax.train import loop
+from xlm_jax.train import actions
 
 
 def test_metrics_are_fetched_once_per_log_window(tmp_path, monkeypatch):
     fetched = []
-    real = loop._fetch
+    real = actions.read_metrics
 
-    def record(pending):
+    def record(pending, *args):
         fetched.append([step for step, _ in pending])
-        return real(pending)
+        return real(pending, *args)
 
-    monkeypatch.setattr(loop, "_fetch", record)
+    monkeypatch.setattr(actions, "read_metrics", record)
     result = _train(tmp_path / "run", 8, log_every=4)
     # a loop that read every step's metrics would fetch 8 times, one step each
     assert fetched == [[1, 2, 3, 4], [5, 6, 7, 8]]
@@ -31,12 +31,13 @@ def test_metrics_are_fetched_once_per_log_window(tmp_path, monkeypatch):
 @pytest.mark.skipif(jax.default_backend() == "cpu",
                     reason="the transfer guard sees no device-to-host copy on the CPU backend")
 def test_no_device_to_host_transfer_between_log_steps(tmp_path):
-    def guard(done, wait):  # after step `done`, before step `done + 1`
-        level = "allow" if (done + 1) % 4 == 0 else "disallow"
-        jax.config.update("jax_transfer_guard_device_to_host", level)
+    class Guard(actions.Action):
+        def __call__(self, end, state):  # after step `end.step`, before the next
+            level = "allow" if (end.step + 1) % 4 == 0 else "disallow"
+            jax.config.update("jax_transfer_guard_device_to_host", level)
 
     try:
-        result = _train(tmp_path / "run", 8, log_every=4, after_step=guard)
+        result = _train(tmp_path / "run", 8, log_every=4, actions=[Guard()])
     finally:
         jax.config.update("jax_transfer_guard_device_to_host", "allow")
     assert len(result.losses) == 8

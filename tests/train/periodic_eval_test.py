@@ -2,6 +2,7 @@
 checkpoints on disk, real retrieval on small Tatoeba-format files, the real `loop.train`."""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -97,12 +98,12 @@ def test_checkpoint_config_errors():
 def _train(model_dir, steps, checkpoint, retrieval_cfg, **kw):
     """`train_tiny`'s run (TINY_MODEL with the demo vocabulary, synthetic MMLM + TLM) with a
     CheckpointConfig of our own (train_tiny builds its own, without keep_best)."""
-    return loop.train(
-        str(model_dir), model=loop.model_config("tiny", {**TINY_MODEL, **MODEL}),
-        objectives=mlm_objectives(), train_steps=steps, batch_size=8, seq_len=32,
-        optimizer=optim.OptimizerConfig(learning_rate=3e-3, warmup_steps=2, total_steps=20),
-        checkpoint=checkpoint, spm_model=SPM, retrieval=retrieval_cfg, out=io.StringIO(),
-        **kw)
+    with contextlib.redirect_stdout(io.StringIO()):
+        return loop.train(
+            str(model_dir), model=loop.model_config("tiny", {**TINY_MODEL, **MODEL}),
+            objectives=mlm_objectives(), train_steps=steps, batch_size=8, seq_len=32,
+            optimizer=optim.OptimizerConfig(learning_rate=3e-3, warmup_steps=2, total_steps=20),
+            checkpoint=checkpoint, spm_model=SPM, retrieval=retrieval_cfg, **kw)
 
 
 def test_loop_writes_retrieval_and_keeps_the_best_checkpoint(tmp_path):

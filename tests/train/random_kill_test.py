@@ -45,7 +45,7 @@ def _kill_once(model_dir, target, delay):
     Returns what was on disk."""
     proc = subprocess.Popen([sys.executable, "-m", "xlm_jax.train", *ARGS,
                              "--gin_file=tests/testlib/paced.gin",
-                             "--gin.hooks.pace.seconds=0.05", f"--model_dir={model_dir}"],
+                             "--gin.hooks.Pace.seconds=0.05", f"--model_dir={model_dir}"],
                             cwd=cli_run.ROOT, env=cli_run.env(), stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     reached = threading.Event()

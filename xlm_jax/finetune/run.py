@@ -19,6 +19,7 @@ mean of the other languages; each seed's selected step and dev score) and `resul
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -188,13 +189,16 @@ def finetune(model_dir: str, *, init_from: str = gin.REQUIRED,
         stream = data_lib.register_memory_stream(
             f"finetune/{run_dir}", lambda b, t, s, start: feats.epoch_batches(
                 train_arrays, b, s, start))
-        loop.train(
-            run_dir, model=cfg, objectives={obj_name: loop.ObjectiveSpec(factory, task=stream)},
-            train_steps=train_steps, batch_size=batch_size, seq_len=task.max_length,
-            accum_steps=accum_steps, optimizer=optimizer, mesh=mesh, num_devices=num_devices,
-            checkpoint=ckpt_lib.CheckpointConfig(save_every_steps=every, keep=10**6,
-                                                 async_save=async_save),
-            log_every=log_every, seed=seed, init_from=init_from, spm_model=spm, out=out)
+        with contextlib.redirect_stdout(out):
+            loop.train(
+                run_dir, model=cfg,
+                objectives={obj_name: loop.ObjectiveSpec(factory, task=stream)},
+                train_steps=train_steps, batch_size=batch_size, seq_len=task.max_length,
+                accum_steps=accum_steps, optimizer=optimizer, mesh=mesh,
+                num_devices=num_devices,
+                checkpoint=ckpt_lib.CheckpointConfig(save_every_steps=every, keep=10**6,
+                                                     async_save=async_save),
+                log_every=log_every, seed=seed, init_from=init_from, spm_model=spm)
         dev_scores = {}
         for step in md.checkpoint_steps(run_dir):
             cached = _cached(run_dir, step)

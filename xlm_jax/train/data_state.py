@@ -3,7 +3,7 @@
 With `loop.train(data_resume="checkpoint")` (the default), every save writes each seqio
 stream's tf.data iterator state, per process, to
 `MODEL_DIR/data_state/STEP/OBJECTIVE.process_PPP-of-NNN` (TensorFlow checkpoint files), and
-records in the checkpoint's JSON extra what is needed to use it again: the seed the stream
+records in the checkpoint's `ResumeInfo` what is needed to use it again: the seed the stream
 was built with, its task and batch shape. A resume rebuilds the stream with that seed and
 restores the position, in a time that does not depend on the step (t5x saves its datasets
 the same way). Synthetic streams are a function of the step and need no state.
@@ -27,6 +27,7 @@ from typing import Any, TextIO
 from etils import epath
 
 from xlm_jax import model_dir as md
+from xlm_jax.train.resume import ResumeInfo
 
 STATE_DIR = md.DATA_STATE_DIR
 
@@ -86,14 +87,15 @@ def prune(model_dir: str, keep: Iterable[int]) -> None:
             child.rmtree()
 
 
-def saved_stream(extra: Mapping[str, Any], name: str, current: SavedStream, model_dir: str,
-                 step: int, process_index: int, process_count: int) -> str | None:
+def saved_stream(resume: ResumeInfo, name: str, current: SavedStream, model_dir: str,
+                 process_index: int, process_count: int) -> str | None:
     """The prefix to restore objective `name`'s stream from, or None (replay instead).
 
     Raises ValueError when the checkpoint saved this objective's position for another task
     or batch shape: that position means nothing to the run's pipeline."""
-    entry = (extra.get("data_state") or {}).get(name)
-    if entry is None or extra.get("process_count") != process_count:
+    step = resume.step
+    entry = resume.data_state.get(name)
+    if entry is None or not resume.saved_positions_usable(process_count):
         return None
     saved = SavedStream(**entry)
     for field in ("task", "batch_size", "seq_len"):

@@ -1,0 +1,264 @@
+"""What a run does between its steps, as actions: logging, held-out evaluation, the retrieval
+eval, checkpoints, profiling, the operative config, and any a user adds.
+
+The loop (`loop.train`) calls every action after every step with a `StepEnd` and the state:
+`action(end, state)`. Before that it asks each `action.due(end)` whether it needs the step's
+metrics on the host; only then does the loop read the device (one transfer for all the steps
+since the last read) and check the losses for NaN, so a run that logs every 100 steps waits
+for the device every 100 steps (`tests/train/host_sync_test.py`). Actions run in list order:
+the retrieval eval comes before the checkpoint, which ranks checkpoints by its scores.
+
+An action of one's own (a job's bookkeeping, an extra eval) is a class with `__call__(end,
+state)` and, optionally, `due`, `before` (called before a step is dispatched) and `close`:
+`loop.train.actions = [@my_module.MyAction()]` in gin. The base class `Action` gives the
+no-op defaults. `metrics` in `StepEnd` are host floats per step; `scores` is what the
+retrieval eval measured at this step, if it ran.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import flax
+import gin
+import jax
+import numpy as np
+
+from xlm_jax import model_dir as md
+from xlm_jax.train import checkpoints as ckpt_lib
+from xlm_jax.train import data as data_lib
+from xlm_jax.train import data_state
+from xlm_jax.train import flops as flops_lib
+from xlm_jax.train import metrics as metrics_lib
+from xlm_jax.train import periodic_eval
+from xlm_jax.train import setup
+from xlm_jax.train import step as step_lib
+from xlm_jax.train.resume import ResumeInfo
+
+
+@dataclasses.dataclass
+class StepEnd:
+    """What the loop knows after step `step` (steps done), handed to each action in turn."""
+
+    step: int
+    final: bool  # the run's last step: train_steps reached, or preempted
+    preempted: bool  # SIGTERM: a checkpoint is written at this step, then the run stops
+    saving: bool  # a checkpoint is written at this step
+    tokens: int  # the step's non-pad input tokens, all processes
+    wait_for_checkpoints: Callable[[], None]
+    metrics: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
+    scores: dict[str, float] | None = None  # the retrieval eval's scalars, when it ran here
+
+
+class Action:
+    """An action's protocol with no-op defaults (subclassing is optional)."""
+
+    def before(self, step: int) -> None:
+        """Called before step index `step` is dispatched."""
+
+    def due(self, end: StepEnd) -> bool:
+        """Whether this action needs the host metrics at `end.step`."""
+        del end
+        return False
+
+    def __call__(self, end: StepEnd, state: Any) -> None:
+        del end, state
+
+    def close(self) -> None:
+        """Called once after the last step."""
+
+
+def read_metrics(pending: Sequence[tuple[int, Any]], objs: Sequence[step_lib.WeightedObjective],
+                 ckpt: ckpt_lib.Checkpointer, model_dir: str
+                 ) -> list[tuple[int, dict[str, float]]]:
+    """The one place the loop reads the device: the pending steps' metrics in one transfer.
+    A non-finite loss stops the run, naming the objective and the last good checkpoint
+    (pending saves are finished first, so nothing written is lost); an objective that did
+    not run at a step (`train.mixture`) has no loss there to check."""
+    fetched = jax.device_get(list(pending))
+    for step, metrics in fetched:
+        for o in objs:
+            if f"{o.name}/loss" not in metrics:
+                continue
+            value = float(metrics[f"{o.name}/loss"])
+            if not np.isfinite(value):
+                ckpt.wait()
+                raise FloatingPointError(
+                    f"non-finite loss {value} at step {step} in objective '{o.name}'; "
+                    f"last good checkpoint: step {ckpt.latest_step()} in {model_dir}")
+    return fetched
+
+
+class LogMetrics(Action):
+    """Every `log_every` steps and at the last: the mean of each metric over the steps since
+    the last log, throughput (tokens/s, model TFLOP/s, MFU where the chip's peak is known)
+    to TensorBoard, metrics.jsonl and the progress display. Keeps what `TrainResult` reports:
+    every step's loss, the last logged metrics, every step's token count."""
+
+    def __init__(self, writer: metrics_lib.MetricsWriter, progress: metrics_lib.Progress,
+                 log_every: int, flops_per_token: float):
+        self.writer, self.progress = writer, progress
+        self.log_every, self.flops_per_token = log_every, flops_per_token
+        self.losses: list[float] = []
+        self.step_tokens: list[int] = []
+        self.last: dict[str, float] = {}
+        self._window = metrics_lib.WindowMean()
+        self._window_tokens, self._window_start = 0, time.perf_counter()
+
+    def due(self, end: StepEnd) -> bool:
+        return end.step % self.log_every == 0 or end.final
+
+    def __call__(self, end: StepEnd, state: Any) -> None:
+        for _, m in end.metrics:
+            self.losses.append(float(m["loss"]))
+            self._window.add(m)
+        self.step_tokens.append(end.tokens)
+        self._window_tokens += end.tokens
+        if not self.due(end):
+            return
+        elapsed = max(time.perf_counter() - self._window_start, 1e-9)
+        last = self._window.pop()
+        last["tokens_per_sec"] = self._window_tokens / elapsed
+        last["model_tflops_per_sec"] = self.flops_per_token * last["tokens_per_sec"] / 1e12
+        mfu = flops_lib.mfu(self.flops_per_token * last["tokens_per_sec"])
+        if mfu is not None:  # CPUs and unknown chips have no peak: no MFU
+            last["mfu"] = mfu
+        self.writer.write_scalars(end.step, last, prefix="train")
+        self.progress.update(end.step, last)
+        self.last = last
+        self._window_tokens, self._window_start = 0, time.perf_counter()
+
+
+class HeldOutEval(Action):
+    """Every `every` steps: the mean of each objective's eval metrics over `num_batches`
+    batches of its `eval_task` (at the objective's own batch shape), under `eval/`."""
+
+    def __init__(self, every: int, num_batches: int, tasks: Mapping[str, str],
+                 objs: Sequence[step_lib.WeightedObjective], shapes: Mapping[str, Any],
+                 model: Any, mesh: jax.sharding.Mesh, seed: int,
+                 writer: metrics_lib.MetricsWriter):
+        self.every, self.num_batches, self.tasks = every, num_batches, dict(tasks)
+        self.shapes, self.model, self.mesh, self.seed = shapes, model, mesh, seed
+        self.writer = writer
+        self._eval_fn = jax.jit(step_lib.make_eval_step(objs))
+
+    def due(self, end: StepEnd) -> bool:
+        return bool(self.every) and bool(self.tasks) and end.step % self.every == 0
+
+    def __call__(self, end: StepEnd, state: Any) -> None:
+        if not self.due(end):
+            return
+        sums: dict[str, float] = {}
+        for name, task in self.tasks.items():
+            shape = self.shapes[name]
+            s = data_lib.make_stream(
+                task, shape.batch_size, shape.seq_len, self.seed + 7, 0, self.model.vocab_size,
+                num_languages=data_lib.synthetic_language_count(self.model.num_languages))
+            for i in range(self.num_batches):
+                batch = {name: setup.global_batch(next(s), self.mesh)}
+                m = jax.device_get(self._eval_fn(state, batch, jax.random.PRNGKey(i)))
+                for k, v in m.items():
+                    sums[k] = sums.get(k, 0.0) + float(v) / self.num_batches
+        self.writer.write_scalars(end.step, sums, prefix="eval")
+
+
+class RetrievalEval(Action):
+    """The Tatoeba retrieval eval (`periodic_eval.PeriodicRetrieval`) every `every` steps,
+    and at saves when checkpoints are ranked by it; its scalars go to `end.scores`."""
+
+    def __init__(self, periodic: periodic_eval.PeriodicRetrieval,
+                 writer: metrics_lib.MetricsWriter):
+        self.periodic, self.writer = periodic, writer
+
+    def due(self, end: StepEnd) -> bool:
+        return self.periodic.due(end.step, end.saving and not end.preempted)
+
+    def __call__(self, end: StepEnd, state: Any) -> None:
+        if self.due(end):
+            end.scores = self.periodic.run(end.step, state.params, self.writer)
+
+    def close(self) -> None:
+        self.periodic.close()
+
+
+class SaveCheckpoint(Action):
+    """Every `CheckpointConfig.save_every_steps`, at the last step and at a preemption: the
+    state, its `ResumeInfo` and (data_resume 'checkpoint') each seqio stream's position;
+    ranked by the retrieval eval's scores when it ran. `save_initial` writes step 0."""
+
+    def __init__(self, ckpt: ckpt_lib.Checkpointer, enabled: bool, model_dir: str,
+                 data_resume: str, streams: Mapping[str, Any],
+                 built: Mapping[str, data_state.SavedStream]):
+        self.ckpt, self.enabled, self.model_dir = ckpt, enabled, model_dir
+        self.data_resume, self.streams, self.built = data_resume, streams, built
+        self._unsaveable: set[str] = set()
+
+    def will_save(self, step: int, final: bool) -> bool:
+        return self.enabled and (self.ckpt.should_save(step) or final)
+
+    def due(self, end: StepEnd) -> bool:
+        return end.saving
+
+    def save_initial(self, state: Any) -> None:
+        """Step 0, the untrained model (a baseline for evaluations)."""
+        if self.enabled:
+            self.ckpt.save(0, flax.serialization.to_state_dict(state),
+                           extra=ResumeInfo(0, jax.process_count()).to_json(), force=True)
+
+    def __call__(self, end: StepEnd, state: Any) -> None:
+        if not end.saving:
+            return
+        positions = {} if self.data_resume != "checkpoint" else data_state.save(
+            self.streams, self.built, self.model_dir, end.step, jax.process_index(),
+            jax.process_count(), self._unsaveable, sys.stdout)
+        resume = ResumeInfo(end.step, jax.process_count(), positions)
+        self.ckpt.save(end.step, flax.serialization.to_state_dict(state),
+                       extra=resume.to_json(), force=end.final, metrics=end.scores)
+        if jax.process_index() == 0 and positions:
+            data_state.prune(self.model_dir, {*self.ckpt.all_steps(), end.step})
+
+    def close(self) -> None:
+        self.ckpt.wait()
+        self.ckpt.close()
+
+
+class Profile(Action):
+    """A `jax.profiler` trace of steps `first` .. `first + steps - 1` into `model_dir`
+    (TensorBoard's profile plugin reads it there); only process 0 traces."""
+
+    def __init__(self, model_dir: str, first: int, steps: int, train_steps: int):
+        self.model_dir, self.first, self.steps = model_dir, first, steps
+        self.train_steps = train_steps
+        self._tracing = False
+
+    def before(self, step: int) -> None:
+        if step == self.first and self.steps > 0 and jax.process_index() == 0:
+            jax.profiler.start_trace(self.model_dir)
+            self._tracing = True
+
+    def __call__(self, end: StepEnd, state: Any) -> None:
+        if self._tracing and end.step in (self.first + self.steps, self.train_steps):
+            self.stop()
+
+    def stop(self) -> None:
+        if self._tracing:
+            jax.profiler.stop_trace()
+            self._tracing = False
+
+    def close(self) -> None:
+        self.stop()
+
+
+class WriteOperativeConfig(Action):
+    """After the first step: gin's operative config (every value the run used) in
+    `model_dir/operative_config.gin`, as t5x writes it."""
+
+    def __init__(self, model_dir: str):
+        self.model_dir = model_dir
+
+    def __call__(self, end: StepEnd, state: Any) -> None:
+        if end.step == 1 and jax.process_index() == 0:
+            md.write_operative_config(self.model_dir, gin.operative_config_str())

@@ -1,0 +1,45 @@
+"""`ResumeInfo`: what a checkpoint records beside the train state so that a run continues
+where it stopped — the checkpoint's JSON `extra` item, typed.
+
+One record, written by the checkpoint action at every save and read once, at the restore:
+  step           the steps done (the restored run's first step index)
+  process_count  how many processes saved it (each saved its own shard's input position, so
+                 the positions are used only by a run with the same count)
+  data_state     per objective whose seqio stream saved its position: what the stream was
+                 built from (`data_state.SavedStream` as JSON); empty with data_resume
+                 'replay'/'reseed', or when no stream could save itself
+Checkpoints written before this record existed also hold `data_position`, `data_resume` and
+`tasks`; nothing ever read them, and `from_json` ignores them (and any other key).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeInfo:
+    """The JSON record of a checkpoint; see the module docstring."""
+
+    step: int
+    process_count: int = 1
+    data_state: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "process_count": self.process_count,
+                "data_state": {k: dict(v) for k, v in self.data_state.items()}}
+
+    @classmethod
+    def from_json(cls, extra: Mapping[str, Any], current_process_count: int) -> "ResumeInfo":
+        """The record of a checkpoint's `extra`; a checkpoint without a process count (none
+        written by this library lacks one) counts as saved by `current_process_count`."""
+        if "step" not in extra:
+            raise ValueError(f"checkpoint record {sorted(extra)!r} has no 'step'")
+        return cls(step=int(extra["step"]),
+                   process_count=int(extra.get("process_count", current_process_count)),
+                   data_state=dict(extra.get("data_state") or {}))
+
+    def saved_positions_usable(self, process_count: int) -> bool:
+        """Whether the saved input positions belong to a run of `process_count` processes."""
+        return self.process_count == process_count

@@ -1,0 +1,315 @@
+"""Everything a run builds before its first step, in the order `loop.train` calls it.
+
+checks that need nothing built (batch split over the mesh, the tasks' language and token
+tables) -> objectives and the rule table -> the state's optimiser, init function, shardings
+(traced, nothing allocated) -> the model directory's files -> the initial state (fresh, from a
+pre-trained encoder, or restored with its `ResumeInfo`) -> the input streams at the restored
+step. `xlm_jax.pod_memory` and `xlm_jax.lower` build the same state and step with these.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import numpy as np
+
+from xlm_jax import model_dir as md
+from xlm_jax.models.config import ModelConfig
+from xlm_jax.models.transformer import Transformer
+from xlm_jax.objectives.base import Objective
+from xlm_jax.train import checkpoints as ckpt_lib
+from xlm_jax.train import data as data_lib
+from xlm_jax.train import data_state
+from xlm_jax.train import declarations
+from xlm_jax.train import mixture
+from xlm_jax.train import optim as optim_lib
+from xlm_jax.train import partitioning
+from xlm_jax.train import step as step_lib
+from xlm_jax.train.resume import ResumeInfo
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSpec:
+    """One objective of the mixture: how to build it, what feeds it, its loss weight."""
+
+    factory: Callable[..., Objective]  # called as factory(model=..., name=...)
+    task: str = "synthetic:mono"  # seqio task/mixture name, or synthetic:KIND
+    weight: float = 1.0
+    eval_task: str | None = None  # a held-out task for periodic eval (None: no eval)
+    # Its own global rows / row length per batch (None: loop.train's batch_size / seq_len),
+    # and the steps it runs at: 0-based steps s with s % every == offset (see train.mixture).
+    batch_size: int | None = None
+    seq_len: int | None = None
+    every: int = 1
+    offset: int = 0
+
+
+def _run_info() -> dict[str, Any]:
+    versions = {}
+    for mod in ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "numpy"):
+        try:
+            versions[mod] = __import__(mod, fromlist=["_"]).__version__
+        except Exception:  # noqa: BLE001 - informational only
+            versions[mod] = None
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        commit = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        commit = None
+    return {"versions": versions, "git_commit": commit, "python": sys.version.split()[0],
+            "argv": sys.argv, "process_count": jax.process_count(),
+            "device_count": jax.device_count()}
+
+
+def write_model_files(model_dir: str, cfg: ModelConfig, spm_model: str | None,
+                       languages: Sequence[str] | None) -> None:
+    """The files that make `model_dir` loadable by `load_encoder`: config, run info, the
+    SentencePiece model and the `lang_ids` table (`languages.txt`, one code per line)."""
+    if languages:
+        md.write_languages(model_dir, languages)
+    md.write_config(model_dir, cfg)
+    md.write_run_info(model_dir, _run_info())
+    md.copy_spm(spm_model, model_dir)
+
+
+def global_batch(local: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, Any]:
+    return {k: jax.make_array_from_process_local_data(partitioning.batch_sharding(mesh, v.ndim), v)
+            for k, v in local.items()}
+
+
+def _check_batch(batch_size: int, accum_steps: int, mesh: jax.sharding.Mesh,
+                 name: str = "") -> None:
+    dp = partitioning.data_parallel_size(mesh)
+    what = f"objective '{name}': global batch size" if name else "global batch size"
+    if batch_size % dp:
+        raise ValueError(f"{what} {batch_size} is not divisible by the data-parallel "
+                         f"size {dp} (mesh data x fsdp = {dict(mesh.shape)})")
+    if batch_size % accum_steps or (batch_size // accum_steps) % dp:
+        raise ValueError(f"{what} {batch_size} with accum_steps={accum_steps} gives "
+                         f"microbatches not divisible by the data-parallel size {dp}")
+
+
+def check_tasks(model: ModelConfig, seqio_tasks: Sequence[str]) -> list[str] | None:
+    """The tasks' language table, after checking that the model's language and token tables
+    are large enough for them (an id past a table gives NaN rows, not an error, in JAX)."""
+    languages = data_lib.language_list(seqio_tasks)
+    if languages and model.num_languages and model.num_languages < len(languages) + 1:
+        raise ValueError(f"model num_languages={model.num_languages} is too small for the "
+                         f"tasks' language list of {len(languages)} languages (lang_ids go up "
+                         f"to {len(languages)}; set num_languages >= {len(languages) + 1})")
+    vocab = data_lib.vocabulary_size(seqio_tasks)
+    if vocab and vocab[0] > model.vocab_size:
+        raise ValueError(f"task {vocab[1]} has a vocabulary of {vocab[0]} ids but the model has "
+                         f"vocab_size={model.vocab_size}; set the model's vocab_size to "
+                         f"{vocab[0]} (loop.model_config.overrides), or register the task "
+                         "with the model's SentencePiece model")
+    return languages
+
+
+def _unaliased(tree: Any) -> Any:
+    """`tree` with every leaf its own buffer: a leaf that is the same array object as an
+    earlier one is copied. `adapt_pretrained` may place one loaded array at two paths (VECO's
+    translation decoder starts from the stack's own layers), and a train state whose leaves
+    share a buffer cannot be donated to the step (XLA refuses to donate a buffer twice)."""
+    seen: set[int] = set()
+
+    def own(x: Any) -> Any:
+        if id(x) in seen:
+            return jax.numpy.array(x, copy=True)
+        seen.add(id(x))
+        return x
+
+    return jax.tree_util.tree_map(own, tree)
+
+
+def fresh_state(init_fn: Callable[..., Any], shardings: Any,
+                 objs: Sequence[step_lib.WeightedObjective], model: ModelConfig, seed: int,
+                 init_from: str | None) -> step_lib.TrainState:
+    """The initial state, sharded; with `init_from`, the encoder's parameters are loaded
+    (objective modules keep their initialisation) and the objective state is rebuilt from
+    them (an EMA key encoder starts at the loaded weights)."""
+    state = jax.jit(lambda r: nn.meta.unbox(init_fn(r)), out_shardings=shardings)(
+        jax.random.PRNGKey(seed))
+    if not init_from:
+        return state
+    from xlm_jax.encoder import load_encoder
+
+    pre = load_encoder(init_from)
+    if pre.config.vocab_size != model.vocab_size:
+        raise ValueError(f"{init_from}: vocab_size={pre.config.vocab_size} but the "
+                         f"model being trained has vocab_size={model.vocab_size}")
+    params = step_lib.load_pretrained_params(state.params, pre.params, init_from,
+                                             vocab_size=model.vocab_size)
+    for o in objs:
+        params = o.objective.adapt_pretrained(params)
+    params = jax.device_put(_unaliased(params), shardings.params)
+    obj_state = jax.jit(lambda p: nn.meta.unbox(step_lib.init_objective_state(objs, p)),
+                        out_shardings=shardings.obj_state)(params)
+    return state.replace(params=params, obj_state=obj_state)
+
+
+def restored_state(ckpt: ckpt_lib.Checkpointer, step: int, abstract: Any, shardings: Any
+                   ) -> tuple[step_lib.TrainState, ResumeInfo]:
+    """The state of checkpoint `step`, loaded straight into the current mesh's shardings,
+    and the checkpoint's `ResumeInfo`."""
+    target = jax.tree_util.tree_map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    restored, extra = ckpt.restore(step, flax.serialization.to_state_dict(target))
+    return (flax.serialization.from_state_dict(target, restored),
+            ResumeInfo.from_json(extra, jax.process_count()))
+
+
+def initial_state(ckpt: ckpt_lib.Checkpointer, parts: "StateParts",
+                  objs: Sequence[step_lib.WeightedObjective], model: ModelConfig, seed: int,
+                  init_from: str | None, model_dir: str, seqio_tasks: Sequence[str]
+                  ) -> tuple[step_lib.TrainState, ResumeInfo]:
+    """The run's first state and where it starts: the latest checkpoint's state, restored
+    into the current shardings, or a fresh one (its encoder from `init_from` when given) at
+    step 0. Call inside `partitioning.activate`."""
+    latest = ckpt.latest_step()
+    if latest is None:
+        state = fresh_state(parts.init_fn, parts.shardings, objs, model, seed, init_from)
+        return state, ResumeInfo(step=0, process_count=jax.process_count())
+    state, resume = restored_state(ckpt, latest, parts.abstract, parts.shardings)
+    print(f"resumed from {model_dir} step {resume.step}", flush=True)
+    if not resume.saved_positions_usable(jax.process_count()) and seqio_tasks:
+        print(f"note: saved with {resume.process_count} processes, resumed with "
+              f"{jax.process_count()}: each process now reads another shard of the "
+              "data, so the data order differs from the uninterrupted run", flush=True)
+    return state, resume
+
+
+def check_batches(shapes: Mapping[str, mixture.Shape], batch_size: int, accum_steps: int,
+                  mesh: jax.sharding.Mesh) -> None:
+    """Raises a one-line ValueError when the run's batch, or an objective's own batch, does
+    not split evenly over the mesh's data-parallel axes (per microbatch)."""
+    _check_batch(batch_size, accum_steps, mesh)
+    for name, shape in shapes.items():
+        if shape.batch_size != batch_size:
+            _check_batch(shape.batch_size, accum_steps, mesh, name)
+
+
+def build_objectives(net: Transformer, specs: Mapping[str, ObjectiveSpec],
+                     axis_rule_overrides: Sequence[tuple[str, Any]],
+                     optimizer: optim_lib.OptimizerConfig, check_tasks: bool
+                     ) -> tuple[list[step_lib.WeightedObjective], partitioning.Rules]:
+    """The mixture's objectives and the run's rule table, after the checks that need no
+    shapes: each seqio task's kind, module names, rules, learning-rate multipliers."""
+    objs = [step_lib.WeightedObjective(spec.factory(model=net, name=name), spec.weight)
+            for name, spec in specs.items()]
+    plain = [o.objective for o in objs]
+    declarations.check_kinds(plain, {o.name: data_lib.task_kinds(specs[o.name].task)
+                                     for o in objs} if check_tasks else {})
+    owners = declarations.module_owners(plain)
+    rules = declarations.merge_rules(partitioning.standard_logical_axis_rules(), plain,
+                                     axis_rule_overrides)
+    optim_lib.check_module_multipliers(optimizer, owners)
+    return objs, rules
+
+
+def _check_declarations(objectives: Sequence[Objective], init_fn: Callable[..., Any],
+                        rules: partitioning.Rules) -> Any:
+    """The checks that need the state's shapes (traced, nothing computed or compiled);
+    returns the boxed abstract state they traced, for the shardings."""
+    boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
+    declarations.check_encoder_params_used(objectives, boxed.params)
+    declarations.check_logical_names(objectives, boxed.params, boxed.obj_state, rules)
+    declarations.check_shared_shapes(
+        objectives, lambda o: jax.eval_shape(o.init_modules, jax.random.PRNGKey(0)))
+    return boxed
+
+
+@dataclasses.dataclass(frozen=True)
+class StateParts:
+    """The optimiser, the init function and the sharded abstract state of a run: what the
+    train step is compiled against (`train` and `xlm_jax.pod_memory` build it the same way)."""
+
+    schedule: Any  # optax schedule (reported as the learning_rate metric)
+    tx: Any  # optax.GradientTransformation
+    init_fn: Callable[..., step_lib.TrainState]  # rng -> boxed TrainState
+    abstract: Any  # unboxed TrainState of jax.ShapeDtypeStruct
+    shardings: Any  # TrainState of NamedSharding
+
+
+def build_state(net: Transformer, objs: Sequence[step_lib.WeightedObjective],
+                specs: Mapping[str, ObjectiveSpec], rules: partitioning.Rules,
+                languages: Sequence[str] | None, optimizer: optim_lib.OptimizerConfig,
+                seq_len: int, mesh: jax.sharding.Mesh, check_tasks: bool) -> StateParts:
+    """Binds the run's language table to the objectives (checking each seqio task's languages
+    when `check_tasks`), builds the optimiser and init function, checks the declarations
+    against the traced state and derives its shardings; traces only, allocates nothing."""
+    for o in objs:
+        o.objective.bind_languages(languages)
+        if check_tasks:
+            task_codes = data_lib.task_languages(specs[o.name].task)
+            if task_codes:
+                o.objective.check_task_languages(task_codes)
+    schedule = optim_lib.make_schedule(optimizer)
+    tx = optim_lib.make_optimizer(optimizer)
+    init_fn = step_lib.make_init_fn(net, objs, tx, seq_len)
+    boxed = _check_declarations([o.objective for o in objs], init_fn, rules)
+    abstract, shardings = step_lib.state_shardings(init_fn, mesh, rules, boxed)
+    return StateParts(schedule, tx, init_fn, abstract, shardings)
+
+
+def jit_train_step(objs: Sequence[step_lib.WeightedObjective], parts: StateParts,
+                   mesh: jax.sharding.Mesh, accum_steps: int, loss_normalization: str
+                   ) -> Callable[..., Any]:
+    """The jitted train step `(state, batches, rng) -> (state, metrics)`: the state sharded
+    by `parts.shardings` and donated, batches as given (`batch_sharding`), rng and metrics
+    replicated. Trace it inside `partitioning.activate(mesh, rules)`."""
+    return jax.jit(
+        step_lib.make_train_step(objs, parts.tx, parts.schedule, accum_steps,
+                                 loss_normalization),
+        in_shardings=(parts.shardings, None, partitioning.replicated(mesh)),
+        out_shardings=(parts.shardings, partitioning.replicated(mesh)),
+        donate_argnums=(0,))
+
+
+def make_streams(tasks: Mapping[str, str], shapes: Mapping[str, mixture.Shape], seed: int,
+                 resume: ResumeInfo, data_resume: str, model: ModelConfig, model_dir: str
+                 ) -> tuple[dict[str, Any], dict[str, data_state.SavedStream]]:
+    """Each objective's input stream at its position after step `resume.step`, and how each
+    was built (recorded with the positions a save writes; see `train.data_state`).
+
+    A stream whose position the checkpoint saved is rebuilt with its saved seed and put
+    back there; any other continues by `data.resume_plan` from the number of steps before
+    the start that its objective ran at (`mixture.Shape.runs_before`)."""
+    start = resume.step
+    streams, built, replayed = {}, {}, []
+    for i, (name, task) in enumerate(tasks.items()):
+        shape = shapes[name]
+        here = data_state.SavedStream(seed + 1000 * i, task, shape.batch_size, shape.seq_len)
+        path = data_state.saved_stream(
+            resume, name, here, model_dir, jax.process_index(), jax.process_count()
+        ) if start and data_resume == "checkpoint" else None
+        if path is not None:
+            stream_seed, position = resume.data_state[name]["seed"], 0
+        else:
+            stream_seed, position = data_lib.resume_plan(here.seed, shape.runs_before(start),
+                                                         data_resume)
+            if position and data_lib.is_seqio(task):
+                replayed.append(name)
+        streams[name] = data_lib.make_stream(
+            task, shape.batch_size, shape.seq_len, stream_seed, position, model.vocab_size,
+            num_languages=data_lib.synthetic_language_count(model.num_languages))
+        if path is not None:
+            streams[name].restore(path)
+        built[name] = dataclasses.replace(here, seed=stream_seed)
+    if start:
+        restored = [n for n in tasks if n not in replayed and data_lib.is_seqio(tasks[n])]
+        if restored:
+            print(f"restored the input position of {', '.join(restored)}", flush=True)
+        if replayed:
+            print(f"replaying the input batches of {', '.join(replayed)} for the exact data "
+                  "order (no saved position for them; loop.train.data_resume = 'reseed' "
+                  "restarts the data at once instead)", flush=True)
+    return streams, built
