@@ -53,6 +53,9 @@ _CUDNN_MAX_HEAD_DIM = 128
 
 _TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("attention_platform",
                                                                      default=None)
+# Set by `reference_math()`: every call takes the XLA path.
+_REFERENCE: contextvars.ContextVar[bool] = contextvars.ContextVar("xlm_jax_attention_reference",
+                                                                  default=False)
 # Messages already logged at WARNING (each once per process).
 _WARNED: set[str] = set()
 
@@ -79,6 +82,18 @@ def lowering_for(platform: str) -> Iterator[None]:
         yield
     finally:
         _TARGET.reset(token)
+
+
+@contextlib.contextmanager
+def reference_math() -> Iterator[None]:
+    """While tracing, every attention call takes the XLA path whatever backend it asks for:
+    a FLOP count read from a jaxpr sees the attention's dot products there, which the fused
+    kernels hide inside custom calls (`xlm_jax.train.flops.jaxpr_flops_per_example`)."""
+    token = _REFERENCE.set(True)
+    try:
+        yield
+    finally:
+        _REFERENCE.reset(token)
 
 
 def warn_once(message: str) -> None:
@@ -150,7 +165,7 @@ def select(requested: str, q: jax.Array, k: jax.Array, v: jax.Array, *, bias: An
     if requested not in VALID_BACKENDS:
         raise ValueError(f"attention: unknown backend {requested!r}; valid backends are "
                          f"{list(VALID_BACKENDS)}")
-    if requested == "xla":
+    if requested == "xla" or _REFERENCE.get():
         return "xla"
     platform = target_platform()
     full_bias = bias if bias is not None else relative

@@ -45,8 +45,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from xlm_jax.data.features import KINDS, PREFIXES, feature_names
-from xlm_jax.models import flops
+from xlm_jax.data.features import KINDS, feature_names
 
 if TYPE_CHECKING:
     from xlm_jax.models.transformer import Transformer
@@ -176,15 +175,15 @@ class Objective(abc.ABC):
              deterministic: bool = False) -> LossOutput:
         """Summed loss of a prepared (micro)batch."""
 
-    def flops_per_example(self, seq_len: int) -> float:
-        """Model matmul FLOPs of one example of its stream (`xlm_jax.models.flops`), forward +
-        backward. Default: each row of the example through the encoder with gradient, and the
-        MLM head at its prediction slots when the objective masks (`self.masking`)."""
-        cfg = self.model.config  # every objective keeps its encoder as `model`
-        slots = self.masking.max_predictions if getattr(self, "masking", None) else 0
-        rows = len(PREFIXES[self.kind])
-        return 3.0 * rows * (seq_len * flops.encoder_flops(cfg, seq_len)
-                             + slots * flops.head_flops(cfg))
+    def flops_per_example(self, seq_len: int) -> float | None:
+        """An analytic count of the model matmul FLOPs of one example of its stream, forward +
+        backward (`xlm_jax.models.flops` has the per-pass counts), or None (the default):
+        then the trainer counts the dot products in the jaxpr of the loss's gradient
+        (`xlm_jax.train.flops.jaxpr_flops_per_example`), which is right for any objective
+        and costs one trace at start-up. Override it for a closed form, or where the jaxpr
+        cannot see the work (a while loop runs its body an unknown number of times)."""
+        del seq_len
+        return None
 
     def derived_metrics(self, sums: Mapping[str, Array]) -> dict[str, Array]:
         """Metrics that are not a sum over the objective's units (precision, per-token rates),

@@ -19,6 +19,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xlm_jax.data.features import PREFIXES
+from xlm_jax.models import flops
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import ROW_IDS, Batch, LossOutput, Objective, check_kind
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
@@ -109,6 +111,14 @@ class MaskedLM(Objective):
 
     def denominator(self, prepared: Batch) -> jax.Array:
         return jnp.sum(prepared["target_weights"])
+
+    def flops_per_example(self, seq_len: int) -> float:
+        """Each row of the example through the encoder with gradient, and the MLM head at
+        its `max_predictions` slots (`xlm_jax.models.flops`)."""
+        cfg = self.model.config
+        rows = len(PREFIXES[self.kind])
+        return 3.0 * rows * (seq_len * flops.encoder_flops(cfg, seq_len)
+                             + self.masking.max_predictions * flops.head_flops(cfg))
 
     def loss(self, params: Any, prepared: Batch, rng: jax.Array, state: Any,
              deterministic: bool = False) -> LossOutput:

@@ -7,11 +7,13 @@ the MLM head at the gathered prediction slots only (its share is small because t
 evaluates the vocabulary everywhere):
   per token per layer: 2 * (4 d^2 + 2 d f)  (projections + FFN)  + 2 * 2 * T * d  (scores, values)
   head per prediction slot: 2 * (d^2 + d V).
-Each objective counts its own passes (`Objective.flops_per_example`: XLM-E's generator and
-discriminator, XLCo's key encoder, ERNIE-M's two CAMLM passes and BTMLM's decoding pass,
-VECO's four passes with cross-attention); `mixture_flops_per_token` weighs them over the
-mixture; `tests/train/flops_test.py` checks every count against the dot products in the jaxpr
-of the objective's gradient.
+Each built-in objective counts its own passes analytically (`Objective.flops_per_example`:
+XLM-E's generator and discriminator, XLCo's key encoder, ERNIE-M's two CAMLM passes and
+BTMLM's decoding pass, VECO's four passes with cross-attention); `tests/train/flops_test.py`
+checks every count against the dot products in the jaxpr of the objective's gradient. An
+objective without an analytic count (a new one: the default returns None) is counted from
+that jaxpr itself (`jaxpr_flops_per_example`), so its MFU is right without a formula or a
+test entry. `mixture_flops_per_token` weighs the objectives over the mixture.
 Peak bf16 numbers are the vendors' dense figures (`PEAK_BF16_FLOPS`, each with its source). On
 a CPU there is no peak: the trainer then logs only `model_tflops_per_sec` and the benchmark
 prints MFU n/a; on an accelerator not listed the same, after one WARNING naming its kind.
@@ -23,9 +25,14 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import flax.linen as nn
 import jax
+import numpy as np
 
 from xlm_jax.data.features import PREFIXES
+from xlm_jax.data.synthetic import synthetic_batch
+from xlm_jax.models import attention_backends
+from xlm_jax.objectives.base import WeightedObjective, init_params
 from xlm_jax.models.flops import (  # noqa: F401  (re-exported: the trainer's API)
     encoder_flops, head_flops, memory_projection_flops, train_flops_per_token)
 
@@ -67,6 +74,61 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float, str], ...] = (  # (kind pattern, FLOP/s
 _WARNED_KINDS: set[str] = set()
 
 
+def dot_flops(jaxpr: Any) -> float:
+    """The FLOPs of every `dot_general` in `jaxpr` (2 x output size x contracted size), through
+    nested jaxprs: a scan's body counts `length` times, a cond its costliest branch, a while
+    loop's body once (its trip count is not in the jaxpr)."""
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            total += (2.0 * float(np.prod(eqn.outvars[0].aval.shape))
+                      * float(np.prod([lhs[i] for i in lhs_contract])))
+        if eqn.primitive.name == "cond":
+            total += max(dot_flops(b.jaxpr) for b in eqn.params["branches"])
+            continue
+        times = float(eqn.params.get("length", 1)) if eqn.primitive.name == "scan" else 1.0
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    total += times * dot_flops(inner)
+    return total
+
+
+def jaxpr_flops_per_example(objective: Any, seq_len: int, rows: int = 2) -> float:
+    """Model matmul FLOPs of one example, read from the jaxpr of the gradient of the
+    objective's loss on `rows` synthetic examples of its kind (traced on abstract parameters:
+    nothing is allocated or computed), with every attention call on the XLA path so that its
+    dot products are seen. Dropout off; the objective's own state from its `init_state`."""
+    model = objective.model  # every objective keeps its encoder as `model`
+    cfg = model.config
+    wrapped = [WeightedObjective(objective)]
+    params = jax.eval_shape(
+        lambda r: nn.meta.unbox(init_params(model, wrapped, seq_len, r)), jax.random.PRNGKey(0))
+    state = jax.eval_shape(lambda p: nn.meta.unbox(objective.init_state(p)), params)
+    languages = cfg.num_languages - 1 if cfg.num_languages else 2
+    batch = {k: jax.numpy.asarray(v) for k, v in synthetic_batch(
+        rows, seq_len, cfg.vocab_size, objective.kind, seed=0, num_languages=languages).items()}
+    prepared = objective.prepare(batch, jax.random.PRNGKey(1))
+
+    def loss(p: Any, st: Any) -> Any:
+        return objective.loss(p, prepared, jax.random.PRNGKey(2), st,
+                              deterministic=True).loss_sum
+
+    with attention_backends.reference_math():
+        jaxpr = jax.make_jaxpr(jax.grad(loss))(params, state).jaxpr
+    return dot_flops(jaxpr) / rows
+
+
+def objective_flops_per_example(objective: Any, seq_len: int) -> float:
+    """The objective's analytic count (`flops_per_example`), or the jaxpr's when it has none."""
+    analytic = objective.flops_per_example(seq_len)
+    return float(analytic) if analytic is not None else jaxpr_flops_per_example(objective,
+                                                                                 seq_len)
+
+
 def mixture_flops_per_token(objectives: Sequence[Any], seq_len: int,
                             shapes: Sequence[Any] | None = None) -> float:
     """Model FLOPs per row-token of the mixture: the objectives' FLOPs over one cycle of the
@@ -80,7 +142,7 @@ def mixture_flops_per_token(objectives: Sequence[Any], seq_len: int,
         if shapes is not None:
             s = shapes[i]
             rows, length, runs = s.batch_size, s.seq_len, 1.0 / s.every
-        flops += runs * rows * o.flops_per_example(length)
+        flops += runs * rows * objective_flops_per_example(o, length)
         positions += runs * rows * len(PREFIXES[o.kind]) * length
     return flops / positions
 
