@@ -118,6 +118,25 @@ def test_progress_bar_rewrites_one_line_on_a_tty():
     assert "[####################] train 4/4" in text and "[#####...............] train 1/4" in text
 
 
+def test_progress_bar_fits_the_terminal_and_shows_the_loss_first(monkeypatch):
+    """A trainer's window of scalars is ~330 characters; on a 60-column terminal each
+    rewrite is cut to 59 so the line never wraps (a wrapped line cannot be rewritten with
+    \\r), and the loss comes first so the cut keeps it. Log lines keep every scalar."""
+    monkeypatch.setenv("COLUMNS", "60")  # shutil.get_terminal_size reads it first
+    scalars = {f"objective{i}/accuracy": 0.5 for i in range(12)} | {"loss": 3.25}
+    out = _Stream(tty=True)
+    p = metrics.Progress(4, out=out, min_interval_s=0.0)
+    for step in range(1, 5):
+        p.update(step, scalars)
+    p.close()
+    drawn = [seg.replace("\x1b[K", "") for seg in out.getvalue().split("\r")[1:]]
+    assert len(drawn) == 4 and all(len(seg.rstrip("\n")) == 59 for seg in drawn), drawn
+    assert all(" train " in seg and " loss=3.25 " in seg for seg in drawn)
+    log = _Stream(tty=False)
+    metrics.Progress(4, out=log, log_every=4).update(4, scalars)
+    assert len(log.getvalue()) > 300 and "objective11/accuracy=0.5" in log.getvalue()
+
+
 def test_core_modules_do_not_load_tensorflow(tmp_path):
     """optim, checkpoints, metrics (writing an event file) and masking stay TF-free."""
     code = ("import sys\n"

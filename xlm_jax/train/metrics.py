@@ -22,6 +22,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import socket
 import sys
 import time
@@ -265,7 +266,8 @@ class Progress:
     """Training progress on the console.
 
     On a terminal (`out.isatty()`): one line rewritten in place with '\\r' (bar, step,
-    steps/s, ETA, latest scalars), at most every `min_interval_s`. Otherwise (log files,
+    loss, steps/s, ETA, the other scalars), cut to the terminal's width so that it never
+    wraps, at most every `min_interval_s`. Otherwise (log files,
     SLURM output): a plain line every `log_every` steps and at the last step, so logs
     stay greppable. Only the primary process prints.
     """
@@ -295,10 +297,13 @@ class Progress:
         done = step - self._start_step
         rate = done / elapsed if elapsed > 0 and done > 0 else 0.0
         eta = (self.total_steps - step) / rate if rate > 0 else float("nan")
-        shown = " ".join(f"{k}={_fmt(_to_float(k, v))}" for k, v in scalars.items())
+        # the loss right after the step, so that a line cut to the terminal's width keeps it
+        first = [k for k in ("loss",) if k in scalars]
+        keys = first + [k for k in scalars if k not in first]
+        shown = [f"{k}={_fmt(_to_float(k, scalars[k]))}" for k in keys]
         eta_s = _fmt_duration(eta) if math.isfinite(eta) else "?"
-        return (f"{self.desc} {step}/{self.total_steps} {rate:.2f} step/s eta {eta_s}"
-                + (f" {shown}" if shown else ""))
+        return " ".join([f"{self.desc} {step}/{self.total_steps}", *shown[:len(first)],
+                         f"{rate:.2f} step/s eta {eta_s}", *shown[len(first):]])
 
     def update(self, step: int, scalars: Mapping[str, Any] | None = None) -> None:
         """Report that `step` steps are done (with optional latest scalars)."""
@@ -314,7 +319,11 @@ class Progress:
             frac = min(max(step / self.total_steps, 0.0), 1.0)
             width = 20
             bar = "#" * int(frac * width) + "." * (width - int(frac * width))
-            self.out.write(f"\r[{bar}] {self._status(step, scalars)}\x1b[K")
+            # Cut to the terminal's width: a line that wraps cannot be rewritten with '\r'
+            # and leaves one stale line per update (a log line has every scalar instead).
+            cols = shutil.get_terminal_size((100, 24)).columns
+            line = f"[{bar}] {self._status(step, scalars)}"[:max(cols - 1, 20)]
+            self.out.write(f"\r{line}\x1b[K")
             self._drawn = True
         elif step % self.log_every == 0 or last:
             self.out.write(self._status(step, scalars) + "\n")
