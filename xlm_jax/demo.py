@@ -1,84 +1,169 @@
 """`python -m xlm_jax.demo --model_dir=demo_output` — what `make demo` runs.
 
-Trains a tiny model with InfoXLM's objectives, MMLM + TLM + XLCo, on the embedded
-Django/Wagtail demo corpus (`gin_configs/demo/infoxlm.gin`; `--gin_file=demo/mmlm_tlm.gin`
-trains MMLM + TLM alone), then measures Tatoeba-style retrieval (acc@1, both directions,
-mean-pooled hidden states) on the held-out split for the untrained model (the step-0
-checkpoint) and the last checkpoint, prints a per-language table (each model at its best
-layer unless `--layer` names one) and writes `report.png` (loss curves + retrieval bars) and
-the two result JSONs into `--model_dir`.
+One paper's recipe continued from the objective league's base, beside the control (MMLM
+continued) at the same training FLOPs, on the embedded Django/Wagtail demo corpus:
+
+1. the base: the league's MMLM base (gin_configs/league/base.gin, 4 x 128, 3000 steps; about
+   25 minutes on 2 CPU cores), built on first use and cached in --base_dir (default
+   $XDG_CACHE_HOME/xlm_jax/league_base/HASH, HASH naming its settings), reused afterwards;
+2. the paper's recipe (--gin_file, default demo/infoxlm.gin: MMLM + TLM + XLCo; also
+   demo/xlme.gin, demo/ernie_m.gin, demo/veco.gin) continued from it for --budget_tflop
+   training TFLOPs (the trainer's FLOP count), into --model_dir/model;
+3. the control, league/mmlm.gin (MMLM continued), for the same FLOPs, into --model_dir/control;
+4. Tatoeba-style retrieval (acc@1, both directions, mean-pooled hidden states) on the held-out
+   split for the base, the control and the paper's model: a per-language table (each model at
+   its best layer unless --layer names one), report.png (the paper run's loss curves and
+   base/paper bars) and the three result JSONs in --model_dir.
+
+Every training runs in a subprocess (`python -m xlm_jax.train`) and resumes when rerun.
+`python -m xlm_jax.league` runs every recipe over seeds with the transfer task too
+(docs/league.md).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import sys
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_GIN = "demo/infoxlm.gin"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from xlm_jax.train import cli
+    from xlm_jax import cli_help, league
+    from xlm_jax.train import cli, gin_utils
 
-    p = argparse.ArgumentParser(prog="python -m xlm_jax.demo", description=__doc__,
-                                formatter_class=cli.HelpFormatter)
+    p = cli_help.Parser(prog="python -m xlm_jax.demo", description=__doc__)
     p.add_argument("--model_dir", default="demo_output",
-                   help="where the model, the retrieval JSONs and report.png go")
+                   help="where the two continued models, the retrieval JSONs and report.png go")
     p.add_argument("--gin_file", action="append", default=None,
-                   help="gin file (repeatable; None: demo/infoxlm.gin)")
+                   help=f"the paper's demo file (repeatable; None: {DEFAULT_GIN})")
     p.add_argument("--gin_bindings", action="append", default=[],
-                   help="extra gin bindings; --gin.NAME=VALUE is short for this")
+                   help="extra gin bindings of the paper's run; --gin.NAME=VALUE is short for "
+                        "this (--gin.TRAIN_STEPS=N fixes its steps instead of the budget)")
+    p.add_argument("--base_dir", default=None,
+                   help="where the league base is built and reused (None: "
+                        "$XDG_CACHE_HOME/xlm_jax/league_base/HASH of its settings)")
+    p.add_argument("--base_steps", type=int, default=league.DEFAULT_BASE_STEPS,
+                   help="training steps of the base (as python -m xlm_jax.league)")
+    p.add_argument("--budget_tflop", type=float, default=league.DEFAULT_BUDGET_TFLOP,
+                   help="training TFLOPs of each continuation (as python -m xlm_jax.league)")
+    p.add_argument("--league_gin", action="append", default=[],
+                   help="league settings (LeagueConfig) for the base and both runs, e.g. a "
+                        "smaller model; none: the league's defaults")
     p.add_argument("--layer", default="all",
                    help="layer for the table ('all': each model at its best layer)")
     p.add_argument("--tatoeba_dir", default=os.path.join(REPO_ROOT, "tasks", "demo_data", "tatoeba"),
                    help="held-out Tatoeba-layout folder the retrieval is scored on")
-    from xlm_jax.train import gin_utils
-
     args = p.parse_args(gin_utils.rewrite_gin_args(list(sys.argv[1:] if argv is None
                                                         else argv)))
     # TensorFlow (the input pipeline only) logs C++ INFO/WARNING lines that say nothing about
-    # the demo: CUDA probing on CPU machines, and one "did not fully read the dataset being
-    # cached" per small task when training stops mid-epoch (seqio caches small tasks in
-    # memory). Set before TF is imported; an explicit TF_CPP_MIN_LOG_LEVEL wins.
+    # the demo; set before TF is imported (the children inherit it); an explicit value wins.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return cli.run_reporting(lambda: _run(args))
 
 
+def default_base_dir(settings_json: dict) -> str:
+    """`$XDG_CACHE_HOME/xlm_jax/league_base/HASH` (XDG's default ~/.cache), HASH = the first
+    16 hex digits of the sha256 of the base's settings record."""
+    digest = hashlib.sha256(json.dumps(settings_json, sort_keys=True).encode()).hexdigest()
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "xlm_jax", "league_base", digest[:16])
+
+
+def user_steps(bindings: list[str]) -> int | None:
+    """TRAIN_STEPS as the user bound it (`--gin.TRAIN_STEPS=N`, the last one wins), else None."""
+    import ast
+
+    from xlm_jax.train import gin_utils
+
+    given = [b for b in bindings if gin_utils.binding_macro(b) == "TRAIN_STEPS"]
+    return int(ast.literal_eval(given[-1].split("=", 1)[1].strip())) if given else None
+
+
 def _run(args: argparse.Namespace) -> int:
-    """Trains, scores retrieval before and after, writes the report; returns 0."""
+    """Base (cached), paper run, control run, three retrieval scores, table and PNG."""
+    from xlm_jax import league
+    from xlm_jax import league_plan as plan
     from xlm_jax import model_dir as md
     from xlm_jax.encoder import load_encoder
     from xlm_jax.evaluation import report, retrieval
-    from xlm_jax.train import gin_utils, loop
+    from xlm_jax.train import gin_utils
 
-    # A relative --model_dir is taken from the working directory; the gin files' data paths
-    # (`tasks/demo_data/...`) are found in the repository or the installed package
-    # (`gin_utils.resolve_shipped_paths`), so the demo runs from anywhere.
+    gin_files = args.gin_file or [DEFAULT_GIN]
+    gin_utils.parse(args.league_gin, [])
+    config = plan.league_config()
+    paper_bindings = [*config.shared_bindings, *args.gin_bindings]
+    fixed_steps = user_steps(args.gin_bindings)
+    # Both configurations are parsed (and costed) first: a typo fails before anything is built.
+    cost = plan.recipe_cost(gin_files, paper_bindings if fixed_steps else
+                            [*paper_bindings, "TRAIN_STEPS = 1"])
+    control_cost = plan.recipe_cost(config.recipe_gin(plan.CONTROL),
+                                    [*config.bindings_for(plan.CONTROL), "TRAIN_STEPS = 1"])
+    budget = cost.train_flops(fixed_steps) if fixed_steps else args.budget_tflop * 1e12
+    steps = fixed_steps or cost.steps_for(budget)
+    if steps < 1:
+        raise ValueError(f"--budget_tflop={args.budget_tflop:g} is smaller than one step "
+                         f"({cost.cycle * cost.flops_per_step / 1e12:.4g} TFLOP) of "
+                         f"{' '.join(gin_files)}")
+    # the control at the same FLOPs (whole mixture cycles, at least one)
+    control_steps = max(control_cost.steps_for(budget), control_cost.cycle)
+
     model_dir = md.resolve(args.model_dir)
-    train_dir = os.fspath(model_dir / "model")
-    gin_utils.parse(args.gin_file or ["demo/infoxlm.gin"],
-                    args.gin_bindings + ["loop.train.save_initial = True"])
+    base_settings, _ = league.base_settings(config, args.base_steps)
+    base_dir = args.base_dir or default_base_dir(base_settings.to_json())
     t0 = time.time()
-    result = loop.train(train_dir)
-    train_s = time.time() - t0
-    print(f"trained {result.final_step} steps in {train_s / 60:.1f} min; final loss "
-          f"{result.losses[-1]:.3f}" if result.losses else "nothing to train (already done)")
-
+    base_model = league.ensure_base(base_dir, config, base_settings)
+    runs = {"paper": (gin_files, paper_bindings, steps, cost, os.fspath(model_dir / "model")),
+            "control": (config.recipe_gin(plan.CONTROL), list(config.bindings_for(plan.CONTROL)),
+                        control_steps, control_cost, os.fspath(model_dir / "control"))}
+    for name, (files, bindings, n, c, train_dir) in runs.items():
+        print(f"{name}: {' '.join(files)}, {n} steps ({c.train_flops(n) / 1e12:.3g} TFLOP) "
+              f"from the base {base_model}", flush=True)
+        seconds = league.train(train_dir, files, [*bindings, f"TRAIN_STEPS = {n}",
+                                                  f"loop.train.init_from = {base_model!r}"],
+                               os.path.join(train_dir + "_train.log"), f"{name} training")
+        print(f"{name}: trained in {seconds / 60:.1f} min (log: {train_dir}_train.log)",
+              flush=True)
     results = {}
-    for name, step in (("before", 0), ("after", None)):
-        enc = load_encoder(train_dir, step=step)
-        layer = args.layer or enc.config.num_layers // 2
-        layer = layer if layer == "all" else int(layer)
-        res = retrieval.evaluate(enc, args.tatoeba_dir, layers=layer,
-                                 checkpoint=train_dir, step=step)
+    for name, path in (("base", base_model), ("control", runs["control"][4]),
+                       ("after", runs["paper"][4])):
+        enc = load_encoder(path)
+        layer = args.layer if args.layer == "all" else int(args.layer)
+        res = retrieval.evaluate(enc, args.tatoeba_dir, layers=layer, checkpoint=path)
         md.write_json(model_dir / f"retrieval_{name}.json", res.to_json())
         results[name] = res
     png = os.fspath(model_dir / "report.png")
-    table = report.write_report(train_dir, results["before"], results["after"], png)
-    print(table)
-    print(f"wrote {png}")
+    report.write_report(runs["paper"][4], results["base"], results["after"], png)
+    print(format_table(results, " ".join(gin_files)))
+    print(f"wrote {png}; {(time.time() - t0) / 60:.1f} min in all")
     return 0
+
+
+def format_table(results: dict, paper: str) -> str:
+    """acc@1 (%) per language: the base, the control, the paper's model, and paper - control."""
+    base, control, after = results["base"], results["control"], results["after"]
+    langs = sorted(after.per_language)
+    width = max(8, *(len(lang) for lang in langs))
+    head = (f"{'language':<{width}}  {'base':>7}  {'control':>7}  {'paper':>7}  "
+            f"{'delta':>7}")
+    lines = [f"Tatoeba acc@1 (%), mean of xx->eng and eng->xx; base = the league base (layer "
+             f"{base.reported_layer}), control = MMLM continued (layer "
+             f"{control.reported_layer}), paper = {paper} (layer {after.reported_layer}), "
+             "delta = paper - control", head, "-" * len(head)]
+
+    def row(name: str, b: float, c: float, a: float) -> str:
+        return (f"{name:<{width}}  {100 * b:>7.1f}  {100 * c:>7.1f}  {100 * a:>7.1f}  "
+                f"{100 * (a - c):>+7.1f}")
+
+    for lang in langs:
+        lines.append(row(lang, base.per_language[lang].mean, control.per_language[lang].mean,
+                         after.per_language[lang].mean))
+    lines += ["-" * len(head), row("average", base.average, control.average, after.average)]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
