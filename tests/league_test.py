@@ -141,8 +141,10 @@ def test_league_json_means_and_stds_are_numpys(tmp_path):
             "retrieval_per_layer": {"0": 3.0, "1": 2.0}, "transfer_avg": 50.0,
             "transfer_en": 50.0, "transfer_gap": 0.0, "train_seconds": 1.0,
             "mlm": {"loss": 5.0, "accuracy": 0.2, "unigram_entropy": 6.0,
-                    "most_frequent_rate": 0.1, "most_frequent_token": "x", "targets": 10,
-                    "tokens": 50, "sentences": 5, "uses_context": True}}
+                    "most_frequent_rate": 0.1, "most_frequent_token": "x",
+                    "language_unigram_entropy": 4.0, "language_most_frequent_rate": 0.12,
+                    "targets": 10, "tokens": 50, "sentences": 5, "uses_context": True,
+                    "beyond_language": False}}
     out = league_report.league_json(p, base, done, "cmd")
     assert not out["complete"]
     for recipe, n in (("mmlm", 3), ("xlm", 2)):
@@ -197,13 +199,15 @@ def test_masked_lm_check_matches_a_direct_computation(tiny_model_dir):
     rng = np.random.default_rng(0)
     special = {tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id, tok.mask_id}
     counts, nll, correct, n, sentences = collections.Counter(), 0.0, 0, 0, 0
-    for _, text in league_score.heldout_sentences(TATOEBA, langs):
+    per_lang = collections.defaultdict(collections.Counter)
+    for lang, text in league_score.heldout_sentences(TATOEBA, langs):
         ids = [tok.bos_id] + tok.encode(text)[:30] + [tok.eos_id]
         regular = [i for i, t in enumerate(ids) if t not in special]
         if not regular:
             continue
         sentences += 1
         counts.update(ids[i] for i in regular)
+        per_lang[lang].update(ids[i] for i in regular)
         picked = rng.choice(regular, size=max(1, int(round(0.15 * len(regular)))),
                             replace=False)
         row = np.full((1, 32), tok.pad_id, np.int32)
@@ -221,6 +225,16 @@ def test_masked_lm_check_matches_a_direct_computation(tiny_model_dir):
     assert got.accuracy == pytest.approx(correct / n, abs=1e-9)
     assert got.unigram_entropy == pytest.approx(float(-(freq * np.log(freq)).sum()), rel=1e-12)
     assert got.most_frequent_rate == pytest.approx(freq.max(), rel=1e-12)
+    total = sum(counts.values())
+    lang_entropy = lang_rate = 0.0
+    for c in per_lang.values():
+        q = np.array(list(c.values()), float) / sum(c.values())
+        lang_entropy += sum(c.values()) / total * float(-(q * np.log(q)).sum())
+        lang_rate += max(c.values()) / total
+    assert set(per_lang) == {"de", "fr", "en"}
+    assert got.language_unigram_entropy == pytest.approx(lang_entropy, rel=1e-12)
+    assert got.language_most_frequent_rate == pytest.approx(lang_rate, rel=1e-12)
+    assert got.language_unigram_entropy < got.unigram_entropy  # knowing the language helps
     assert not got.uses_context  # a random model: loss ~ ln V, far above the entropy
     assert got.loss > math.log(8002) - 1.0
 

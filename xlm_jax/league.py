@@ -354,7 +354,8 @@ def base_scores(base_dir: str, config: plan.LeagueConfig, out: Any = sys.stdout
     ret, transfer = score_model(model_dir, base_dir, config, os.path.join(base_dir, "score.log"))
     timing = read_json(os.path.join(base_dir, "train_time.json")) or {}
     value = {"model_dir": os.path.abspath(model_dir), "steps": settings["steps"],
-             "mlm": {**dataclasses.asdict(mlm), "uses_context": mlm.uses_context},
+             "mlm": {**dataclasses.asdict(mlm), "uses_context": mlm.uses_context,
+                     "beyond_language": mlm.beyond_language},
              **_score_fields(ret, transfer),
              "train_seconds": timing.get("train_seconds"),
              "score_seconds": time.time() - t0}

@@ -127,12 +127,20 @@ def markdown(league: dict[str, Any]) -> str:
         if curve:
             lines.append(f"| {name} | " + " | ".join(f"{curve[k]:.1f}" for k in layers) + " |")
     mlm = base["mlm"]
-    lines += ["", f"The base uses context: held-out masked-LM loss {mlm['loss']:.3f} nats "
-              f"against a unigram entropy of {mlm['unigram_entropy']:.3f} nats; accuracy "
-              f"{100 * mlm['accuracy']:.1f}% against {100 * mlm['most_frequent_rate']:.1f}% for "
-              f"always guessing the most frequent token ({mlm['most_frequent_token']!r}); "
-              f"{mlm['targets']} masked targets in {mlm['sentences']} held-out sentences"
-              + ("." if mlm["uses_context"] else " — NOT below both yardsticks."), ""]
+    lines += ["", "The base's held-out masked LM (15% of the held-out sentences' tokens masked, "
+              f"{mlm['targets']} targets in {mlm['sentences']} sentences):", "",
+              "| | loss (nats) | accuracy (%) |", "|---|---|---|",
+              f"| the base | {mlm['loss']:.3f} | {100 * mlm['accuracy']:.1f} |",
+              f"| context-free: unigram entropy / most frequent token "
+              f"({mlm['most_frequent_token']!r}) | {mlm['unigram_entropy']:.3f} | "
+              f"{100 * mlm['most_frequent_rate']:.1f} |",
+              f"| knowing only the language: per-language unigram entropy / most frequent | "
+              f"{mlm['language_unigram_entropy']:.3f} | "
+              f"{100 * mlm['language_most_frequent_rate']:.1f} |", "",
+              "Uses context (loss below the unigram entropy and accuracy above the most frequent "
+              f"token's rate): {'yes' if mlm['uses_context'] else 'NO'}; beyond identifying the "
+              "language (both below/above the per-language yardsticks): "
+              f"{'yes' if mlm.get('beyond_language') else 'NO'}.", ""]
     if not league["complete"]:
         lines += ["Partial: the league is still running (or was stopped); the same command "
                   "resumes it.", ""]

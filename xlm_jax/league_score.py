@@ -39,6 +39,12 @@ class MaskedLMScore:
     unigram_entropy: float  # entropy of the held-out tokens' unigram distribution
     most_frequent_rate: float  # share of the held-out tokens equal to the most frequent one
     most_frequent_token: str  # that token's piece
+    # The same two yardsticks for a predictor that knows each sentence's language but reads no
+    # other context: each language's own unigram distribution (held-out plug-in estimates,
+    # weighted by the languages' token counts). In 77 languages, identifying the language alone
+    # takes a masked LM far below the global unigram entropy.
+    language_unigram_entropy: float
+    language_most_frequent_rate: float
     targets: int  # masked positions scored
     tokens: int  # regular tokens the yardsticks are computed over
     sentences: int
@@ -47,6 +53,12 @@ class MaskedLMScore:
     def uses_context(self) -> bool:
         """Loss below the unigram entropy and accuracy above the most-frequent rate."""
         return self.loss < self.unigram_entropy and self.accuracy > self.most_frequent_rate
+
+    @property
+    def beyond_language(self) -> bool:
+        """Both yardsticks beaten for a predictor that knows the language too."""
+        return (self.loss < self.language_unigram_entropy
+                and self.accuracy > self.language_most_frequent_rate)
 
 
 def heldout_sentences(tatoeba_dir: str, languages: Sequence[str] | None = None
@@ -81,13 +93,16 @@ def masked_lm_heldout(model_dir: str, tatoeba_dir: str, seq_len: int,
     rng = np.random.default_rng(seed)
     rows, masks, targets, langs = [], [], [], []
     counts: dict[int, int] = {}
+    by_lang: dict[str, dict[int, int]] = {}
     for lang, text in pairs:
         ids = [tok.bos_id] + tok.encode(text)[:seq_len - 2] + [tok.eos_id]
         regular = [i for i, t in enumerate(ids) if t not in special]
         if not regular:
             continue
+        own = by_lang.setdefault(lang, {})
         for i in regular:
             counts[ids[i]] = counts.get(ids[i], 0) + 1
+            own[ids[i]] = own.get(ids[i], 0) + 1
         k = max(1, int(round(mask_prob * len(regular))))
         picked = np.sort(rng.choice(regular, size=k, replace=False))
         row = np.full(seq_len, tok.pad_id, np.int32)
@@ -122,14 +137,27 @@ def masked_lm_heldout(model_dir: str, tatoeba_dir: str, seq_len: int,
         nll_sum += float(np.sum(lse - lg[np.arange(len(t)), t]))
         correct += int(np.sum(lg.argmax(-1) == t))
         n += len(t)
-    freq = np.array(sorted(counts.values(), reverse=True), np.float64)
-    p = freq / freq.sum()
+    entropy, rate = _unigram(counts)
+    total = sum(counts.values())
+    lang_entropy = lang_rate = 0.0
+    for own in by_lang.values():
+        e, r = _unigram(own)
+        share = sum(own.values()) / total
+        lang_entropy += share * e
+        lang_rate += share * r
     top = max(counts, key=lambda i: (counts[i], -i))
-    return MaskedLMScore(loss=nll_sum / n, accuracy=correct / n,
-                         unigram_entropy=float(-np.sum(p * np.log(p))),
-                         most_frequent_rate=float(p[0]),
-                         most_frequent_token=_piece(tok, top), targets=n,
-                         tokens=int(freq.sum()), sentences=len(rows))
+    return MaskedLMScore(loss=nll_sum / n, accuracy=correct / n, unigram_entropy=entropy,
+                         most_frequent_rate=rate, most_frequent_token=_piece(tok, top),
+                         language_unigram_entropy=lang_entropy,
+                         language_most_frequent_rate=lang_rate, targets=n, tokens=total,
+                         sentences=len(rows))
+
+
+def _unigram(counts: dict[int, int]) -> tuple[float, float]:
+    """(entropy in nats, rate of the most frequent token) of a token count table."""
+    p = np.array(list(counts.values()), np.float64)
+    p /= p.sum()
+    return float(-np.sum(p * np.log(p))), float(p.max())
 
 
 def _piece(tok: Any, token_id: int) -> str:
