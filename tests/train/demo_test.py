@@ -67,8 +67,8 @@ def test_demo_runs_end_to_end_and_writes_its_table_json_and_png(tmp_path):
     assert steps[-1] == 4 and steps == sorted(set(steps))  # the last step is always logged
     # both runs continued the base; the control trained whole steps within the paper's FLOPs
     for run in ("model", "control"):
-        ops = (out / run / "operative_config.gin").read_text()
-        assert f"init_from = '{base_dir / 'model'}'" in ops
+        ops = (out / run / "operative_config.gin").read_text().replace("\\\n", "")
+        assert f"init_from = '{base_dir / 'model'}'" in " ".join(ops.split())
     paper = re.search(r"^paper: .*?, 4 steps \(([\d.e-]+) TFLOP\)", r.stdout, re.M)
     control = re.search(r"^control: .*?, (\d+) steps \(([\d.e-]+) TFLOP\)", r.stdout, re.M)
     assert paper and control, r.stdout
