@@ -103,7 +103,7 @@ def quiet_tensorflow() -> None:
     and restored afterwards for XLA, which reads the same variable (TF_CPP_MIN_LOG_LEVEL) on
     its own. A CLI that uses the input pipeline calls this first; `XLM_JAX_DEBUG=1` keeps
     every line. Machines without TensorFlow skip it."""
-    if "tensorflow" in sys.modules or os.environ.get("XLM_JAX_DEBUG", "") not in ("", "0"):
+    if "tensorflow" in sys.modules or debug_wanted():
         return
     if importlib.util.find_spec("tensorflow") is None:
         return

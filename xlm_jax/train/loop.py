@@ -149,7 +149,8 @@ def train(model_dir: str,
         at_saves=save_checkpoints and checkpoint.keep_best > 0)
     parts = setup.build_state(net, objs, objectives, rules, languages, optimizer, seq_len,
                               device_mesh, check_tasks=not force_synthetic)
-    if jax.process_index() == 0:
+    is_primary = jax.process_index() == 0
+    if is_primary:
         setup.write_model_files(model_dir, model, spm_model, languages)
     flops_per_token = flops_lib.mixture_flops_per_token(
         [o.objective for o in objs], seq_len, [shapes[o.name] for o in objs])
@@ -167,11 +168,11 @@ def train(model_dir: str,
         step_fn = setup.jit_train_step(objs, parts, device_mesh, accum_steps, loss_normalization)
 
         # ---- the actions, in the order they run after each step
-        writer = metrics_lib.MetricsWriter(model_dir, is_primary=jax.process_index() == 0,
+        writer = metrics_lib.MetricsWriter(model_dir, is_primary=is_primary,
                                            resume_step=resume.step)
         log = actions_lib.LogMetrics(
             writer, metrics_lib.Progress(train_steps, out=sys.stdout, log_every=log_every,
-                                         is_primary=jax.process_index() == 0,
+                                         is_primary=is_primary,
                                          start_step=resume.step),
             log_every, flops_per_token)
         saver = actions_lib.SaveCheckpoint(ckpt, save_checkpoints, model_dir, data_resume,
