@@ -230,7 +230,7 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
     extra = ["loop.train.save_checkpoints = False",
              "loop.train.force_synthetic = True",
              "loop.train.log_every = 1",  # the host waits for every step: per-step times
-             "loop.train.eval_every = 0", *gin_utils.SYNTHETIC_RUN_MACROS]
+             "loop.train.evaluators = []", *gin_utils.SYNTHETIC_RUN_MACROS]
     if batch_size:
         extra.append(f"loop.train.batch_size = {batch_size}")
     if seq_len:

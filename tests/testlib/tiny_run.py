@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from xlm_jax.objectives.mlm import MaskedLM
-from xlm_jax.train import checkpoints, loop, optim, partitioning
+from xlm_jax.train import checkpoints, evaluators, loop, optim, partitioning
 
 TINY_MODEL = {"vocab_size": 256, "num_layers": 2, "hidden_size": 32, "num_heads": 4,
               "mlp_dim": 64, "max_positions": 66, "dropout_rate": 0.0,
@@ -39,7 +39,12 @@ def train_tiny(model_dir: Any, steps: int, *, model: dict | None = None,
                save_every: int = 1000, optimizer: optim.OptimizerConfig | None = None,
                out: Any = None, keep: int = 5, async_save: bool = False, **kw: Any) -> loop.TrainResult:
     """`loop.train` of TINY_MODEL (updated by `model`) for `steps` steps at seq_len 32; the
-    progress lines go to `out` (default: nowhere)."""
+    progress lines go to `out` (default: nowhere). `eval_every=N` (with `eval_batches`, 4)
+    adds `evaluators.HeldOutLoss(every=N, num_batches=...)` to the run's evaluators."""
+    every, batches = kw.pop("eval_every", 0), kw.pop("eval_batches", 4)
+    if every:
+        kw["evaluators"] = [*kw.get("evaluators", ()),
+                            evaluators.HeldOutLoss(every=every, num_batches=batches)]
     with contextlib.redirect_stdout(out or open(os.devnull, "w")):
         return loop.train(
             str(model_dir), model=loop.model_config("tiny", {**TINY_MODEL, **(model or {})}),

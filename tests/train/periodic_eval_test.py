@@ -1,5 +1,6 @@
-"""Periodic Tatoeba retrieval in the training loop and keep-best checkpoints: real orbax
-checkpoints on disk, real retrieval on small Tatoeba-format files, the real `loop.train`."""
+"""Periodic Tatoeba retrieval in the training loop (`evaluators.TatoebaRetrieval`) and
+keep-best checkpoints: real orbax checkpoints on disk, real retrieval on small Tatoeba-format
+files, the real `loop.train`."""
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +17,7 @@ from testlib.tiny_run import TINY_MODEL, mlm_objectives
 from xlm_jax import model_dir as md
 from xlm_jax.encoder import load_encoder
 from xlm_jax.evaluation import retrieval
-from xlm_jax.train import checkpoints, loop, optim, partitioning, periodic_eval
+from xlm_jax.train import actions, checkpoints, evaluators, loop, optim, partitioning
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO_TATOEBA = os.path.join(REPO_ROOT, "tasks", "demo_data", "tatoeba")
@@ -95,7 +96,7 @@ def test_checkpoint_config_errors():
 
 # ----------------------------------------------------------------------------- the loop
 
-def _train(model_dir, steps, checkpoint, retrieval_cfg, **kw):
+def _train(model_dir, steps, checkpoint, retrieval_eval, **kw):
     """`train_tiny`'s run (TINY_MODEL with the demo vocabulary, synthetic MMLM + TLM) with a
     CheckpointConfig of our own (train_tiny builds its own, without keep_best)."""
     with contextlib.redirect_stdout(io.StringIO()):
@@ -103,7 +104,17 @@ def _train(model_dir, steps, checkpoint, retrieval_cfg, **kw):
             str(model_dir), model=loop.model_config("tiny", {**TINY_MODEL, **MODEL}),
             objectives=mlm_objectives(), train_steps=steps, batch_size=8, seq_len=32,
             optimizer=optim.OptimizerConfig(learning_rate=3e-3, warmup_steps=2, total_steps=20),
-            checkpoint=checkpoint, spm_model=SPM, retrieval=retrieval_cfg, **kw)
+            checkpoint=checkpoint, spm_model=SPM,
+            evaluators=[retrieval_eval] if retrieval_eval else [], **kw)
+
+
+def _context(tmp_path):
+    """What `loop.train` hands an evaluator's `bind`, for TINY_MODEL with the demo vocabulary
+    (no objectives: the retrieval evaluator reads none)."""
+    return evaluators.EvalContext(
+        model=loop.model_config("tiny", {**TINY_MODEL, **MODEL}), model_dir=str(tmp_path),
+        spm_model=SPM, languages=None, rules=(), mesh=partitioning.make_mesh(None),
+        seed=0, objectives={}, objs=[], shapes={})
 
 
 def test_loop_writes_retrieval_and_keeps_the_best_checkpoint(tmp_path):
@@ -115,9 +126,9 @@ def test_loop_writes_retrieval_and_keeps_the_best_checkpoint(tmp_path):
         model_dir, 6,
         checkpoints.CheckpointConfig(save_every_steps=2, keep=1, keep_best=1,
                                      best_mode=BEST_MODE, async_save=False),
-        periodic_eval.RetrievalEvalConfig(tatoeba_dir=DEMO_TATOEBA, every=3, layers="all",
-                                          languages=["de", "fr", "es"], max_sentences=24,
-                                          batch_size=16),
+        evaluators.TatoebaRetrieval(tatoeba_dir=DEMO_TATOEBA, every=3, layers="all",
+                                    languages=["de", "fr", "es"], max_sentences=24,
+                                    batch_size=16),
         mesh=partitioning.MeshConfig(data=2, fsdp=2, tensor=2), num_devices=8,
         save_initial=True, log_every=100)
     assert result.final_step == 6
@@ -169,8 +180,9 @@ def test_misconfiguration_fails_before_training(tmp_path, case):
     tatoeba = DEMO_TATOEBA
     keep_best, metric, layers = 1, "retrieval/acc1", 1
     expect = {"no_retrieval": "keep_best=1 ranks checkpoints by the eval metric "
-                              "'retrieval/acc1', but loop.train.retrieval is not set",
-              "unknown_metric": "best_metric='retrieval/acc5' is not a metric of the retrieval",
+                              "'retrieval/acc1', but loop.train.evaluators is empty",
+              "unknown_metric": "best_metric='retrieval/acc5' is not a metric of "
+                                "loop.train.evaluators",
               "missing_dir": f"tatoeba_dir='{tmp_path / 'nowhere'}'.*not a directory",
               "empty_dir": f"tatoeba_dir='{empty}'.*no Tatoeba files found",
               "layer": "layer=7 out of range"}[case]
@@ -182,7 +194,7 @@ def test_misconfiguration_fails_before_training(tmp_path, case):
         tatoeba = str(empty)
     elif case == "layer":
         layers = 7
-    cfg = None if case == "no_retrieval" else periodic_eval.RetrievalEvalConfig(
+    cfg = None if case == "no_retrieval" else evaluators.TatoebaRetrieval(
         tatoeba_dir=tatoeba, every=2, layers=layers)
     model_dir = tmp_path / "run"
     with pytest.raises(ValueError, match=expect) as err:
@@ -194,15 +206,19 @@ def test_misconfiguration_fails_before_training(tmp_path, case):
 
 
 def test_due_every_n_steps_and_at_saves_only_for_keep_best(tmp_path):
-    model = loop.model_config("tiny", {**TINY_MODEL, **MODEL})
-    cfg = periodic_eval.RetrievalEvalConfig(tatoeba_dir=DEMO_TATOEBA, every=3)
-    plain = periodic_eval.PeriodicRetrieval(cfg, model, str(tmp_path), SPM, None, ())
-    ranked = periodic_eval.PeriodicRetrieval(cfg, model, str(tmp_path), SPM, None, (),
-                                             at_saves=True)
+    retrieval_eval = evaluators.TatoebaRetrieval(tatoeba_dir=DEMO_TATOEBA, every=3)
+    retrieval_eval.bind(_context(tmp_path))
+    plain = actions.Evaluate([retrieval_eval], writer=None)
+    ranked = actions.Evaluate([retrieval_eval], writer=None, ranked=retrieval_eval)
     saves = {2, 4, 6}
-    assert [s for s in range(1, 8) if plain.due(s, s in saves)] == [3, 6]
-    assert [s for s in range(1, 8) if ranked.due(s, s in saves)] == [2, 3, 4, 6]
-    spm_copy = os.path.join(plain._dir, md.SPM_NAME)
+
+    def end(step, preempted=False):
+        return actions.StepEnd(step, False, preempted, step in saves, 0, lambda: None)
+
+    assert [s for s in range(1, 8) if plain.due(end(s))] == [3, 6]
+    assert [s for s in range(1, 8) if ranked.due(end(s))] == [2, 3, 4, 6]
+    assert not ranked.due(end(4, preempted=True))  # a preemption save has no time for it
+    spm_copy = os.path.join(retrieval_eval.local.dir, md.SPM_NAME)
     assert os.path.isfile(spm_copy)
     plain.close()
     assert not os.path.exists(spm_copy)  # its local directory is removed
@@ -210,15 +226,16 @@ def test_due_every_n_steps_and_at_saves_only_for_keep_best(tmp_path):
 
 def test_retrieval_config_subset_and_errors(tmp_path):
     with pytest.raises(ValueError, match="tatoeba_dir is not set"):
-        periodic_eval.RetrievalEvalConfig()
+        evaluators.TatoebaRetrieval()
     with pytest.raises(ValueError, match="every=0 is invalid"):
-        periodic_eval.RetrievalEvalConfig(tatoeba_dir=DEMO_TATOEBA, every=0)
-    cfg = periodic_eval.RetrievalEvalConfig(tatoeba_dir=DEMO_TATOEBA, layers=[2, 0])
-    assert cfg.metric_names(2) == ["retrieval/acc1", "retrieval/layer", "retrieval/acc1_layer0",
-                                   "retrieval/acc1_layer2", "retrieval/seconds"]
+        evaluators.TatoebaRetrieval(tatoeba_dir=DEMO_TATOEBA, every=0)
+    subset = evaluators.TatoebaRetrieval(tatoeba_dir=DEMO_TATOEBA, layers=[2, 0])
+    assert subset.metric_names() is None  # not known before it is bound to a model
+    subset.bind(_context(tmp_path))
+    assert [evaluators.full_name(subset, n) for n in subset.metric_names()] == [
+        "retrieval/acc1", "retrieval/layer", "retrieval/acc1_layer0", "retrieval/acc1_layer2",
+        "retrieval/seconds"]
+    subset.close()
     with pytest.raises(ValueError, match="no files for language"):
-        periodic_eval.PeriodicRetrieval(
-            periodic_eval.RetrievalEvalConfig(tatoeba_dir=DEMO_TATOEBA, languages=["xx"]),
-            loop.model_config("tiny", {**TINY_MODEL, **MODEL}), str(tmp_path), SPM, None, ())
-
-
+        evaluators.TatoebaRetrieval(tatoeba_dir=DEMO_TATOEBA, languages=["xx"]).bind(
+            _context(tmp_path))

@@ -1,18 +1,20 @@
-"""What a run does between its steps, as actions: logging, held-out evaluation, the retrieval
-eval, checkpoints, profiling, the operative config, and any a user adds.
+"""What a run does between its steps, as actions: logging, the evaluators (held-out loss,
+retrieval, the transfer probe, a user's own), checkpoints, profiling, the operative config,
+and any action a user adds.
 
 The loop (`loop.train`) calls every action after every step with a `StepEnd` and the state:
 `action(end, state)`. Before that it asks each `action.due(end)` whether it needs the step's
 metrics on the host; only then does the loop read the device (one transfer for all the steps
 since the last read) and check the losses for NaN, so a run that logs every 100 steps waits
 for the device every 100 steps (`tests/train/host_sync_test.py`). Actions run in list order:
-the retrieval eval comes before the checkpoint, which ranks checkpoints by its scores.
+the evaluators come before the checkpoint, which ranks checkpoints by their scores.
 
 An action of one's own (a job's bookkeeping, an extra eval) is a class with `__call__(end,
 state)` and, optionally, `due`, `before` (called before a step is dispatched) and `close`:
 `loop.train.actions = [@my_module.MyAction()]` in gin. The base class `Action` gives the
-no-op defaults. `metrics` in `StepEnd` are host floats per step; `scores` is what the
-retrieval eval measured at this step, if it ran.
+no-op defaults. `metrics` in `StepEnd` are host floats per step; `scores` are the eval
+scalars measured at this step, if any evaluator ran (an evaluator of one's own is better an
+`Evaluator`: `train.evaluators`).
 """
 from __future__ import annotations
 
@@ -29,12 +31,10 @@ import numpy as np
 
 from xlm_jax import model_dir as md
 from xlm_jax.train import checkpoints as ckpt_lib
-from xlm_jax.train import data as data_lib
 from xlm_jax.train import data_state
+from xlm_jax.train import evaluators as evaluators_lib
 from xlm_jax.train import flops as flops_lib
 from xlm_jax.train import metrics as metrics_lib
-from xlm_jax.train import periodic_eval
-from xlm_jax.train import setup
 from xlm_jax.train import step as step_lib
 from xlm_jax.train.resume import ResumeInfo
 
@@ -50,7 +50,7 @@ class StepEnd:
     tokens: int  # the step's non-pad input tokens, all processes
     wait_for_checkpoints: Callable[[], None]
     metrics: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
-    scores: dict[str, float] | None = None  # the retrieval eval's scalars, when it ran here
+    scores: dict[str, float] | None = None  # the evaluators' scalars, when any ran here
 
 
 class Action:
@@ -132,62 +132,44 @@ class LogMetrics(Action):
         self._window_tokens, self._window_start = 0, time.perf_counter()
 
 
-class HeldOutEval(Action):
-    """Every `every` steps: the mean of each objective's eval metrics over `num_batches`
-    batches of its `eval_task` (at the objective's own batch shape), under `eval/`."""
+class Evaluate(Action):
+    """The run's one evaluation path: after each step, every evaluator of
+    `loop.train.evaluators` that is due (`train.evaluators`: `due(step)`, and at every save
+    but a preemption's for the one that ranks checkpoints, `ranked`), in list order; each
+    one's scalars go to the writer under `eval/` as `{prefix}/{name}` (one record per
+    evaluator), and all of this step's to `end.scores` for the checkpoint that follows."""
 
-    def __init__(self, every: int, num_batches: int, tasks: Mapping[str, str],
-                 objs: Sequence[step_lib.WeightedObjective], shapes: Mapping[str, Any],
-                 model: Any, mesh: jax.sharding.Mesh, seed: int,
-                 writer: metrics_lib.MetricsWriter):
-        self.every, self.num_batches, self.tasks = every, num_batches, dict(tasks)
-        self.shapes, self.model, self.mesh, self.seed = shapes, model, mesh, seed
-        self.writer = writer
-        self._eval_fn = jax.jit(step_lib.make_eval_step(objs))
+    def __init__(self, evaluators: Sequence[evaluators_lib.Evaluator],
+                 writer: metrics_lib.MetricsWriter,
+                 ranked: evaluators_lib.Evaluator | None = None):
+        self.evaluators, self.writer, self.ranked = list(evaluators), writer, ranked
 
-    def due(self, end: StepEnd) -> bool:
-        return bool(self.every) and bool(self.tasks) and end.step % self.every == 0
-
-    def __call__(self, end: StepEnd, state: Any) -> None:
-        if not self.due(end):
-            return
-        sums: dict[str, float] = {}
-        for name, task in self.tasks.items():
-            shape = self.shapes[name]
-            s = data_lib.make_stream(
-                task, shape.batch_size, shape.seq_len, self.seed + 7, 0, self.model.vocab_size,
-                num_languages=data_lib.synthetic_language_count(self.model.num_languages))
-            for i in range(self.num_batches):
-                batch = {name: setup.global_batch(next(s), self.mesh)}
-                m = jax.device_get(self._eval_fn(state, batch, jax.random.PRNGKey(i)))
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + float(v) / self.num_batches
-        self.writer.write_scalars(end.step, sums, prefix="eval")
-
-
-class RetrievalEval(Action):
-    """The Tatoeba retrieval eval (`periodic_eval.PeriodicRetrieval`) every `every` steps,
-    and at saves when checkpoints are ranked by it; its scalars go to `end.scores`."""
-
-    def __init__(self, periodic: periodic_eval.PeriodicRetrieval,
-                 writer: metrics_lib.MetricsWriter):
-        self.periodic, self.writer = periodic, writer
+    def _due(self, ev: evaluators_lib.Evaluator, end: StepEnd) -> bool:
+        return ev.due(end.step) or (ev is self.ranked and end.saving and not end.preempted)
 
     def due(self, end: StepEnd) -> bool:
-        return self.periodic.due(end.step, end.saving and not end.preempted)
+        return any(self._due(ev, end) for ev in self.evaluators)
 
     def __call__(self, end: StepEnd, state: Any) -> None:
-        if self.due(end):
-            end.scores = self.periodic.run(end.step, state.params, self.writer)
+        scores: dict[str, float] = {}
+        for ev in self.evaluators:
+            if not self._due(ev, end):
+                continue
+            values = {evaluators_lib.full_name(ev, k): v for k, v in ev.run(state, end.step).items()}
+            self.writer.write_scalars(end.step, values, prefix="eval")
+            scores.update(values)
+        if scores:
+            end.scores = scores
 
     def close(self) -> None:
-        self.periodic.close()
+        for ev in reversed(self.evaluators):
+            ev.close()
 
 
 class SaveCheckpoint(Action):
     """Every `CheckpointConfig.save_every_steps`, at the last step and at a preemption: the
     state, its `ResumeInfo` and (data_resume 'checkpoint') each seqio stream's position;
-    ranked by the retrieval eval's scores when it ran. `save_initial` writes step 0."""
+    ranked by this step's eval scores when they hold `CheckpointConfig.best_metric`. `save_initial` writes step 0."""
 
     def __init__(self, ckpt: ckpt_lib.Checkpointer, enabled: bool, model_dir: str,
                  data_resume: str, streams: Mapping[str, Any],
@@ -215,8 +197,9 @@ class SaveCheckpoint(Action):
             self.streams, self.built, self.model_dir, end.step, jax.process_index(),
             jax.process_count(), self._unsaveable, sys.stdout)
         resume = ResumeInfo(end.step, jax.process_count(), positions)
+        ranked = end.scores if end.scores and self.ckpt.cfg.best_metric in end.scores else None
         self.ckpt.save(end.step, flax.serialization.to_state_dict(state),
-                       extra=resume.to_json(), force=end.final, metrics=end.scores)
+                       extra=resume.to_json(), force=end.final, metrics=ranked)
         if jax.process_index() == 0 and positions:
             data_state.prune(self.model_dir, {*self.ckpt.all_steps(), end.step})
 

@@ -47,8 +47,8 @@ class CheckpointConfig:
     # Write in a background thread (training continues once arrays are copied to host).
     async_save: bool = True
     # Beside the newest `keep`, also keep the `keep_best` checkpoints with the best
-    # `best_metric` (an eval metric handed to `save(..., metrics=)`: the trainer's periodic
-    # retrieval eval, "retrieval/acc1" = mean Tatoeba acc@1 in %; `train.periodic_eval`).
+    # `best_metric` (an eval metric handed to `save(..., metrics=)`: a scalar of one of the
+    # trainer's evaluators, "retrieval/acc1" = mean Tatoeba acc@1 in %; `train.evaluators`).
     # best_mode "max": higher is better, "min": lower. 0 = keep-last-N only. A checkpoint
     # saved without the metric is kept only while it is among the newest `keep`.
     keep_best: int = 0

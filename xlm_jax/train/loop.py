@@ -3,8 +3,8 @@
 setup (`train.setup`): checks that need nothing built -> model + objectives -> sharded state
 (init, pre-trained init, or restore with its `ResumeInfo`) -> data streams from the restored
 step. Then the step loop: each step is dispatched, and every periodic job — logging,
-held-out eval, the retrieval eval, checkpoints, profiling, the operative config, a user's own
-— is an action called after it (`train.actions`). Everything else is wired in .gin files
+the evaluators (`train.evaluators`), checkpoints, profiling, the operative config, a user's
+own — is an action called after it (`train.actions`). Everything else is wired in .gin files
 (`gin_configs/`), as t5x does.
 """
 from __future__ import annotations
@@ -24,12 +24,12 @@ from xlm_jax.models.transformer import Transformer
 from xlm_jax.train import actions as actions_lib
 from xlm_jax.train import checkpoints as ckpt_lib
 from xlm_jax.train import data as data_lib
+from xlm_jax.train import evaluators as evaluators_lib
 from xlm_jax.train import flops as flops_lib
 from xlm_jax.train import metrics as metrics_lib
 from xlm_jax.train import mixture
 from xlm_jax.train import optim as optim_lib
 from xlm_jax.train import partitioning
-from xlm_jax.train import periodic_eval
 from xlm_jax.train import preemption
 from xlm_jax.train import setup
 from xlm_jax.train import step as step_lib
@@ -84,9 +84,7 @@ def train(model_dir: str,
           loss_normalization: str = "per_objective",
           checkpoint: ckpt_lib.CheckpointConfig = ckpt_lib.CheckpointConfig(),
           log_every: int = 10,
-          eval_every: int = 0,
-          eval_batches: int = 4,
-          retrieval: periodic_eval.RetrievalEvalConfig | None = None,
+          evaluators: Sequence[evaluators_lib.Evaluator] = (),
           seed: int = 0,
           data_resume: str = "checkpoint",
           task_modules: Sequence[str] = (),
@@ -116,9 +114,10 @@ def train(model_dir: str,
     logged, evaluated or saved, naming its own step.
     SIGTERM (preemption) saves a checkpoint at the step reached and returns normally
     (`TrainResult.preempted`); see `train.preemption`.
-    `retrieval` scores Tatoeba retrieval every `retrieval.every` steps (eval/retrieval/* in
-    metrics.jsonl and TensorBoard); with `checkpoint.keep_best` > 0 it also runs at every
-    save step and ranks the checkpoints by `checkpoint.best_metric`; see `train.periodic_eval`.
+    `evaluators` (`train.evaluators`: `HeldOutLoss`, `TatoebaRetrieval`, `TransferProbe`, a
+    user's own) each run every `every` steps and write their scalars under eval/ (metrics.jsonl
+    and TensorBoard); with `checkpoint.keep_best` > 0 the one that writes
+    `checkpoint.best_metric` also runs at every save step and ranks the checkpoints.
     `force_synthetic` feeds every objective synthetic batches of its kind (the benchmark).
     `actions` run after the built-in ones at every step (`train.actions`: a job's own
     bookkeeping, an extra eval; the tests park a run there to kill it after a save).
@@ -140,13 +139,17 @@ def train(model_dir: str,
         spec.task for spec in objectives.values() if data_lib.is_seqio(spec.task)]
     languages = setup.check_tasks(model, seqio_tasks)
     spm_model = data_lib.run_spm_model(spm_model, seqio_tasks)  # the tasks' tokenizer
-    periodic_eval.check_keep_best(checkpoint, retrieval, model)
+    evals = evaluators_lib.check_evaluators(evaluators)
     net = Transformer(model)
     objs, rules = setup.build_objectives(net, objectives, axis_rule_overrides, optimizer,
                                          check_tasks=not force_synthetic)
-    periodic = None if retrieval is None else periodic_eval.PeriodicRetrieval(  # checks its dir
-        retrieval, model, model_dir, spm_model, languages, rules,
-        at_saves=save_checkpoints and checkpoint.keep_best > 0)
+    context = evaluators_lib.EvalContext(
+        model=model, model_dir=model_dir, spm_model=spm_model, languages=languages, rules=rules,
+        mesh=device_mesh, seed=seed, objectives=objectives, objs=objs, shapes=shapes,
+        check_tasks=not force_synthetic)
+    for ev in evals:  # each checks its files and tasks now
+        ev.bind(context)
+    ranked = evaluators_lib.check_keep_best(checkpoint, evals)
     parts = setup.build_state(net, objs, objectives, rules, languages, optimizer, seq_len,
                               device_mesh, check_tasks=not force_synthetic)
     is_primary = jax.process_index() == 0
@@ -179,10 +182,7 @@ def train(model_dir: str,
                                            streams, built)
         run_actions = [
             actions_lib.Profile(model_dir, profile_first_step, profile_steps, train_steps), log,
-            actions_lib.HeldOutEval(eval_every, eval_batches,
-                                    {n: s.eval_task for n, s in objectives.items() if s.eval_task},
-                                    objs, shapes, model, device_mesh, seed, writer),
-            *([] if periodic is None else [actions_lib.RetrievalEval(periodic, writer)]),
+            actions_lib.Evaluate(evals, writer, ranked if save_checkpoints else None),
             saver, actions_lib.WriteOperativeConfig(model_dir), *actions]
         if resume.step == 0 and save_initial:  # step 0 = the untrained model, for baselines
             saver.save_initial(state)
