@@ -20,7 +20,7 @@ sys.path.insert(0, ROOT)
 import numpy as np
 import jax
 import jax.numpy as jnp
-from xlm_jax.objectives.base import LossOutput, Objective
+from xlm_jax.objectives.base import LossOutput, Metric, Objective
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.mlm import MaskedLM
@@ -147,8 +147,8 @@ class PairContrast(Objective):
     def prepare(self, batch, rng):
         return batch
 
-    def denominator(self, prepared):
-        return jnp.asarray(2.0 * prepared["src_ids"].shape[0])
+    def counts(self, prepared):  # one term, "loss": both directions of every pair
+        return {"loss": jnp.asarray(2.0 * prepared["src_ids"].shape[0])}
 
     def loss(self, params, prepared, rng, state, deterministic=False):
         def pooled(mdl, ids):
@@ -165,8 +165,8 @@ class PairContrast(Objective):
         l1 = -jnp.take_along_axis(jax.nn.log_softmax(logits, -1), lab[:, None], -1).sum()
         l2 = -jnp.take_along_axis(jax.nn.log_softmax(logits.T, -1), lab[:, None], -1).sum()
         acc = (jnp.argmax(logits, -1) == lab).sum() + (jnp.argmax(logits.T, -1) == lab).sum()
-        return LossOutput(loss_sum=l1 + l2, denominator=jnp.asarray(2.0 * s.shape[0]),
-                          metrics={"loss": l1 + l2, "accuracy": acc.astype(jnp.float32)})
+        return LossOutput(losses={"loss": l1 + l2},
+                          metrics={"accuracy": Metric(acc.astype(jnp.float32), 2.0 * s.shape[0])})
 
 def pair_batch(bs, seq):
     src = np.full((bs, seq), PAD, np.int32); tgt = np.full((bs, seq), PAD, np.int32)

@@ -13,7 +13,7 @@ from xlm_jax.models.config import get_config
 from xlm_jax.models.token_mask import TokenMask
 from xlm_jax.models.transformer import MultiHeadAttention, Transformer
 from xlm_jax.objectives import ernie_m
-from xlm_jax.objectives.base import WeightedObjective, init_params
+from xlm_jax.objectives.base import WeightedObjective, init_params, objective_loss, report
 from xlm_jax.objectives.ernie_m import BackTranslationMLM, CrossAttentionMLM
 from xlm_jax.objectives.mlm import MaskedLM
 
@@ -165,17 +165,20 @@ def test_camlm_loss_is_the_sum_of_the_two_side_means():
     s_sum, s_n = _np_ce(src, prep["target_ids"][:, :p], prep["target_weights"][:, :p])
     t_sum, t_n = _np_ce(tgt, prep["target_ids"][:, p:], prep["target_weights"][:, p:])
     assert s_n > 0 and t_n > 0
-    np.testing.assert_allclose(float(out.loss_sum / out.denominator), s_sum / s_n + t_sum / t_n,
-                               rtol=1e-5)
+    counts = obj.counts(prep)
+    assert float(counts["src"]) == s_n and float(counts["tgt"]) == t_n
+    np.testing.assert_allclose(float(objective_loss(obj, out.losses, counts)),
+                               s_sum / s_n + t_sum / t_n, rtol=1e-5)
     # each side's masked set is on that side only, and every selected token is restored
     side = np.asarray(prep["pair_side"])
     pos, w = np.asarray(prep["target_positions"]), np.asarray(prep["target_weights"])
     for k, want in ((slice(0, p), 1), (slice(p, 2 * p), 2)):
         got = np.take_along_axis(side, pos[:, k], 1)[w[:, k] > 0]
         assert (got == want).all()
-    derived = obj.derived_metrics(out.metrics)
-    np.testing.assert_allclose(float(derived["src_loss"]), s_sum / s_n, rtol=1e-5)
-    np.testing.assert_allclose(float(derived["tgt_loss"]), t_sum / t_n, rtol=1e-5)
+    reported = report(obj, out.losses, out.metrics, counts)
+    np.testing.assert_allclose(float(reported["src_loss"]), s_sum / s_n, rtol=1e-5)
+    np.testing.assert_allclose(float(reported["tgt_loss"]), t_sum / t_n, rtol=1e-5)
+    assert float(reported["count"]) == s_n + t_n
 
 
 def _btmlm(**kw):
@@ -253,7 +256,7 @@ def test_stage1_sends_no_gradient_and_follows_the_current_parameters():
     # held fixed as data
     def loss(p):
         out = obj.loss(p, prep, jax.random.PRNGKey(0), {}, True)
-        return out.loss_sum
+        return out.losses["loss"]
 
     fixed_ids = obj.stage2_ids(prep, pseudo)
 
@@ -285,8 +288,8 @@ def test_btmlm_loss_matches_numpy():
                                 prep["target_positions"], jax.random.PRNGKey(0), True)
     out = obj.loss(params, prep, jax.random.PRNGKey(0), {}, True)
     s, n = _np_ce(lg, prep["target_ids"], prep["target_weights"])
-    np.testing.assert_allclose(float(out.loss_sum), s, rtol=1e-5)
-    assert float(out.denominator) == n > 0
+    np.testing.assert_allclose(float(out.losses["loss"]), s, rtol=1e-5)
+    assert float(obj.counts(prep)["loss"]) == n > 0
     # sampled pseudo-tokens differ from the argmax ones but are regular tokens
     argmax = _btmlm().pseudo_tokens(params, prep)
     w = np.asarray(pseudo.weights) > 0
@@ -351,15 +354,16 @@ def test_btmlm_start_step_keeps_the_loss_off_until_its_update():
     params = _params(now)
     batch = {k: jnp.asarray(v) for k, v in synthetic_batch(4, 24, V, "mono", seed=1).items()}
     prep = now.prepare(batch, jax.random.PRNGKey(1))
-    ref = float(now.loss(params, prep, jax.random.PRNGKey(2), now.init_state(params), True).loss_sum)
+    ref = float(now.loss(params, prep, jax.random.PRNGKey(2), now.init_state(params),
+                         True).losses["loss"])
     assert ref > 0 and now.init_state(params) == {}
     state = late.init_state(params)
     got = []
     for _ in range(3):
         out = late.loss(params, prep, jax.random.PRNGKey(2), state, True)
-        grad = jax.grad(lambda p: late.loss(p, prep, jax.random.PRNGKey(2), state, True).loss_sum)(
-            params)
-        got.append((float(out.loss_sum), max(float(jnp.abs(g).max())
+        grad = jax.grad(lambda p: late.loss(p, prep, jax.random.PRNGKey(2), state,
+                                            True).losses["loss"])(params)
+        got.append((float(out.losses["loss"]), max(float(jnp.abs(g).max())
                                              for g in jax.tree_util.tree_leaves(grad))))
         state = late.after_update(params, state, {})
     assert got[0] == (0.0, 0.0) and got[1] == (0.0, 0.0)

@@ -58,6 +58,6 @@ def test_tlm_loss_equals_full_logits_at_masked_positions():
     picked = np.take_along_axis(logits, np.asarray(prep["target_positions"])[..., None], 1)
     ref_loss, ref_correct = _np_ce(picked, np.asarray(prep["target_ids"]),
                                    np.asarray(prep["target_weights"]))
-    np.testing.assert_allclose(float(out.loss_sum), ref_loss, rtol=1e-5)
-    assert float(out.metrics["accuracy"]) == ref_correct
-    assert float(out.denominator) == w.sum() == float(obj.denominator(prep))
+    np.testing.assert_allclose(float(out.losses["loss"]), ref_loss, rtol=1e-5)
+    assert float(out.metrics["accuracy"].total) == ref_correct
+    assert float(out.metrics["accuracy"].count) == w.sum() == float(obj.counts(prep)["loss"])

@@ -51,8 +51,9 @@ def test_label_smoothed_loss_matches_numpy():
                 smooth = -logp[b, t, :V].mean()  # the real vocabulary, not its padding
                 total += 0.8 * nll + 0.2 * smooth
                 count += 1
-    assert logits.shape[-1] == 40 and count == float(out.denominator) > 10
-    np.testing.assert_allclose(float(out.loss_sum), total, rtol=1e-5)
+    assert logits.shape[-1] == 40 and count == float(obj.counts(prep)["loss"]) > 10
+    assert float(out.metrics["nll"].count) == count
+    np.testing.assert_allclose(float(out.losses["loss"]), total, rtol=1e-5)
 
 
 def test_the_decoder_reads_the_encoders_embeddings_and_head():

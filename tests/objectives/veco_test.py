@@ -9,7 +9,7 @@ import pytest
 from xlm_jax.data.synthetic import synthetic_batch
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import WeightedObjective, init_params
+from xlm_jax.objectives.base import WeightedObjective, init_params, objective_loss, report
 from xlm_jax.objectives.veco import TERMS, VariableMLM, needed_predictions
 
 V = 64
@@ -42,11 +42,14 @@ def test_loss_is_the_sum_of_four_means():
     side = {"is_x": "x", "is_y": "y", "cs_xy": "y", "cs_yx": "x"}
     means = {t: _np_ce(logits[t], prep[f"{side[t]}_target_ids"],
                        prep[f"{side[t]}_target_weights"]) for t in TERMS}
-    np.testing.assert_allclose(float(out.loss_sum / out.denominator), sum(means.values()),
-                               rtol=1e-5)
-    derived = obj.derived_metrics(out.metrics)
+    counts = obj.counts(prep)
+    np.testing.assert_allclose(float(objective_loss(obj, out.losses, counts)),
+                               sum(means.values()), rtol=1e-5)
+    reported = report(obj, out.losses, out.metrics, counts)
     for t in TERMS:
-        np.testing.assert_allclose(float(derived[f"{t}_loss"]), means[t], rtol=1e-5)
+        np.testing.assert_allclose(float(reported[f"{t}_loss"]), means[t], rtol=1e-5)
+    assert float(reported["count"]) == 2 * sum(float(np.sum(prep[f"{s}_target_weights"]))
+                                               for s in ("x", "y"))
     # the CS pass is another computation than the IS pass on the same targets
     assert np.abs(np.asarray(logits["cs_xy"]) - np.asarray(logits["is_y"])).max() > 1e-3
 

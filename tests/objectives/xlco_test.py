@@ -71,9 +71,9 @@ def test_loss_is_infonce_against_the_queue(kind, normalize, in_batch):
         hits += row[0] > row[1:].max()
     nll = np.array(nll)
     assert nll.sum() > 1.0 and np.ptp(nll) > 0.01  # not a trivial case
-    np.testing.assert_allclose(float(out.loss_sum), nll.sum(), rtol=2e-5)
-    assert float(out.metrics["accuracy"]) == hits
-    assert float(out.denominator) == 4.0
+    np.testing.assert_allclose(float(out.losses["loss"]), nll.sum(), rtol=2e-5)
+    assert float(out.metrics["accuracy"].total) == hits
+    assert float(out.metrics["accuracy"].count) == 4.0 == float(obj.counts(prepared)["loss"])
     np.testing.assert_allclose(np.asarray(out.state_inputs["keys"]), k, rtol=1e-4, atol=1e-5)
 
 
@@ -100,10 +100,10 @@ def test_loss_is_off_until_the_queue_is_full():
         state = {**state, "filled": jnp.int32(filled)}
         out = obj.loss(params, obj.prepare(batch, jax.random.PRNGKey(0)), jax.random.PRNGKey(1),
                        state, deterministic=True)
-        assert (float(out.loss_sum) == 0.0) == expect_zero
-        assert float(out.metrics["queue_fill"]) == pytest.approx(4 * filled / 8)
+        assert (float(out.losses["loss"]) == 0.0) == expect_zero
+        assert float(out.metrics["queue_fill"].value()) == pytest.approx(filled / 8)
         if expect_zero:
-            assert float(out.metrics["accuracy"]) == 0.0
+            assert float(out.metrics["accuracy"].value()) == 0.0
 
 
 def test_after_update_is_ema_then_ring_buffer():
@@ -135,8 +135,8 @@ def test_collapsed_vectors_score_no_hits():
     zero = jax.tree_util.tree_map(jnp.zeros_like, params)  # every vector is 0: all logits tie
     batch = synthetic_batch(4, 16, 64, kind="mixup", seed=0)
     out = obj.loss(zero, batch, jax.random.PRNGKey(1), {**state, "key_params": zero}, True)
-    assert float(out.metrics["accuracy"]) == 0.0
-    assert float(out.loss_sum) == pytest.approx(4 * np.log(4), rel=1e-5)
+    assert float(out.metrics["accuracy"].value()) == 0.0
+    assert float(out.losses["loss"]) == pytest.approx(4 * np.log(4), rel=1e-5)
 
 
 def test_queue_must_take_whole_batches():

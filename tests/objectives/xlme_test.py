@@ -10,7 +10,7 @@ import pytest
 from xlm_jax.data.synthetic import synthetic_batch
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import WeightedObjective, init_params
+from xlm_jax.objectives.base import WeightedObjective, init_params, objective_loss, report
 from xlm_jax.objectives.xlme import ReplacedTokenDetection, replaced_ids
 
 CFG = get_config("tiny", vocab_size=64, num_layers=3, hidden_size=32, num_heads=4, mlp_dim=64,
@@ -66,20 +66,26 @@ def test_loss_terms_and_metrics_match_numpy(kind, narrow):
     n_mask, n_tok = w.sum(), valid.sum()
     np.testing.assert_allclose(float(f.mlm_sum), mlm, rtol=1e-5)
     np.testing.assert_allclose(float(f.rtd_sum), bce.sum(), rtol=1e-5)
-    np.testing.assert_allclose(float(out.loss_sum), mlm + 50.0 * bce.sum() * n_mask / n_tok,
-                               rtol=1e-5)
-    assert float(out.denominator) == n_mask
-    assert float(out.metrics["mlm_accuracy"]) == correct
+    counts = obj.counts(prep)
+    assert obj.term_weights == {"mlm": 1.0, "rtd": 50.0}
+    assert float(counts["mlm"]) == n_mask and float(counts["rtd"]) == n_tok
+    np.testing.assert_allclose(float(out.losses["mlm"]), mlm, rtol=1e-5)
+    np.testing.assert_allclose(float(out.losses["rtd"]), bce.sum(), rtol=1e-5)
+    np.testing.assert_allclose(float(objective_loss(obj, out.losses, counts)),
+                               mlm / n_mask + 50.0 * bce.sum() / n_tok, rtol=1e-5)
     pred = (z > 0) * valid
-    derived = obj.derived_metrics(out.metrics)
-    np.testing.assert_allclose(float(derived["rtd_loss"]), bce.sum() / n_tok, rtol=1e-5)
-    np.testing.assert_allclose(float(derived["rtd_accuracy"]),
+    got = report(obj, out.losses, out.metrics, counts)
+    np.testing.assert_allclose(float(got["mlm_loss"]), mlm / n_mask, rtol=1e-5)
+    assert float(got["mlm_accuracy"]) == pytest.approx(correct / n_mask, rel=1e-6)
+    np.testing.assert_allclose(float(got["rtd_loss"]), bce.sum() / n_tok, rtol=1e-5)
+    np.testing.assert_allclose(float(got["rtd_accuracy"]),
                                ((pred == labels) * valid).sum() / n_tok, rtol=1e-6)
-    np.testing.assert_allclose(float(derived["rtd_precision"]),
+    np.testing.assert_allclose(float(got["rtd_precision"]),
                                (pred * labels).sum() / max(pred.sum(), 1), rtol=1e-6)
-    np.testing.assert_allclose(float(derived["rtd_recall"]),
+    np.testing.assert_allclose(float(got["rtd_recall"]),
                                (pred * labels).sum() / labels.sum(), rtol=1e-6)
-    assert float(out.metrics["replaced_fraction"]) == labels.sum()
+    assert float(got["replaced_fraction"]) == pytest.approx(labels.sum() / n_mask, rel=1e-6)
+    assert float(got["count"]) == n_mask + n_tok
 
 
 def test_a_sample_equal_to_the_original_is_labelled_original():

@@ -1,10 +1,11 @@
 """A new objective written from docs/adding_an_objective.md alone, with two loss terms and a
 module of its own, and no FLOP formula: the trainer counts its FLOPs from the jaxpr.
 
-`MaskedLMWithFirstToken` (not a paper's objective): term 1 is the masked LM over the masked
-slots (the encoder's own tied head); term 2 predicts each row's first real token from the
-`<s>` state through its own head (`params["objectives"]["first_token_head"]`, d -> V). The
-loss is the sum of both terms over one count of units (masked slots + rows).
+`MaskedLMWithFirstToken` (not a paper's objective): term "mlm" is the masked LM over the
+masked slots (the encoder's own tied head); term "first_token" predicts each row's first real
+token from the `<s>` state through its own head (`params["objectives"]["first_token_head"]`,
+d -> V). The loss is the mean of each over its own units (masked slots; rows), the second
+weighted `first_token_weight`.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from xlm_jax.objectives.base import Batch, LossOutput, Objective, check_kind
+from xlm_jax.objectives.base import Batch, LossOutput, Metric, Objective, check_kind
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
 from xlm_jax.objectives.mlm import masked_lm_sums
 
@@ -38,8 +39,9 @@ class MaskedLMWithFirstToken(Objective):
     """Masked LM + first-token prediction from `<s>`; see the module docstring."""
 
     def __init__(self, model: Any, name: str = "mlm_first", kind: str = "mono",
-                 max_predictions: int = 4):
+                 max_predictions: int = 4, first_token_weight: float = 1.0):
         self.model, self.name = model, name
+        self.term_weights = {"mlm": 1.0, "first_token": first_token_weight}
         self.kind = check_kind(f"MaskedLMWithFirstToken(name={name!r})", kind, ("mono",))
         cfg = model.config  # XLM-R layout: <mask> is the vocabulary's last id
         self.masking = MaskingConfig(max_predictions=max_predictions, mask_id=cfg.vocab_size - 1,
@@ -58,8 +60,9 @@ class MaskedLMWithFirstToken(Objective):
                 "target_ids": m.target_ids, "target_weights": m.target_weights,
                 "first_ids": batch["input_ids"][:, 1]}
 
-    def denominator(self, prepared: Batch) -> jax.Array:
-        return jnp.sum(prepared["target_weights"]) + prepared["first_ids"].shape[0]
+    def counts(self, prepared: Batch) -> dict[str, jax.Array]:
+        return {"mlm": jnp.sum(prepared["target_weights"]),
+                "first_token": jnp.float32(prepared["first_ids"].shape[0])}
 
     def loss(self, params: Any, prepared: Batch, rng: jax.Array, state: Any,
              deterministic: bool = False) -> LossOutput:
@@ -75,7 +78,6 @@ class MaskedLMWithFirstToken(Objective):
                                             first_state)
         logp = jax.nn.log_softmax(logits, axis=-1)
         first_sum = -jnp.sum(jnp.take_along_axis(logp, prepared["first_ids"][:, None], -1))
-        count = self.denominator(prepared)
-        return LossOutput(loss_sum=mlm_sum + first_sum, denominator=count,
-                          metrics={"loss": mlm_sum + first_sum, "mlm_loss": mlm_sum,
-                                   "first_token_loss": first_sum, "accuracy": correct})
+        return LossOutput(losses={"mlm": mlm_sum, "first_token": first_sum},
+                          metrics={"accuracy": Metric(correct,
+                                                      jnp.sum(prepared["target_weights"]))})

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from xlm_jax.models.common import zeros_init
-from xlm_jax.objectives.base import Batch, LossOutput, Objective, check_kind
+from xlm_jax.objectives.base import Batch, LossOutput, Metric, Objective, check_kind
 
 WORD_EMBEDDINGS = "embeddings/word_embeddings/embedding"
 
@@ -69,8 +69,8 @@ class TokenProbe(Objective):
     def _weights(self, batch: Batch) -> jax.Array:
         return (batch["input_ids"] != self.model.config.pad_id).astype(jnp.float32)
 
-    def denominator(self, prepared: Batch) -> jax.Array:
-        return jnp.sum(self._weights(prepared))
+    def counts(self, prepared: Batch) -> dict[str, jax.Array]:
+        return {"loss": jnp.sum(self._weights(prepared))}
 
     def loss(self, params: Any, prepared: Batch, rng: jax.Array, state: Any,
              deterministic: bool = False) -> LossOutput:
@@ -88,7 +88,6 @@ class TokenProbe(Objective):
         logp = jax.nn.log_softmax(logits, axis=-1)
         nll = -jnp.take_along_axis(logp, target[..., None], axis=-1)[..., 0]
         w = self._weights(prepared)
-        loss_sum = jnp.sum(nll * w)
         correct = jnp.sum((jnp.argmax(logits, -1) == target) * w)
-        return LossOutput(loss_sum=loss_sum, denominator=jnp.sum(w),
-                          metrics={"loss": loss_sum, "accuracy": correct})
+        return LossOutput(losses={"loss": jnp.sum(nll * w)},
+                          metrics={"accuracy": Metric(correct, jnp.sum(w))})

@@ -17,7 +17,7 @@ import pytest
 from xlm_jax.data.synthetic import synthetic_batch
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import WeightedObjective, init_params
+from xlm_jax.objectives.base import WeightedObjective, init_params, objective_loss
 from xlm_jax.objectives.ernie_m import BackTranslationMLM, CrossAttentionMLM
 from xlm_jax.objectives.mlm import MaskedLM
 from xlm_jax.objectives.translation import Translation
@@ -55,8 +55,11 @@ def _measured(obj, kind):
                                                            num_languages=3).items()}
     prep = obj.prepare(batch, jax.random.PRNGKey(1))
 
+    counts = obj.counts(prep)
+
     def loss(p):
-        return obj.loss(p, prep, jax.random.PRNGKey(2), state, deterministic=True).loss_sum
+        out = obj.loss(p, prep, jax.random.PRNGKey(2), state, deterministic=True)
+        return objective_loss(obj, out.losses, counts)
 
     return _dot_flops(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
 

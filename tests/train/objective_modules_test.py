@@ -50,7 +50,7 @@ def test_loss_and_gradients_match_numpy_and_reach_head_and_tied_embeddings():
     batch = {k: jnp.asarray(v) for k, v in synthetic_batch(4, 16, 256, "mono", seed=1).items()}
 
     def loss(p):
-        return obj.loss(p, batch, jax.random.PRNGKey(0), {}, deterministic=True).loss_sum
+        return obj.loss(p, batch, jax.random.PRNGKey(0), {}, deterministic=True).losses["loss"]
 
     # numpy: CE of (h @ W + b + h @ E[:8].T) against id % 8 over the real tokens
     h = np.asarray(net.apply({"params": params["encoder"]}, batch["input_ids"],
@@ -69,7 +69,7 @@ def test_loss_and_gradients_match_numpy_and_reach_head_and_tied_embeddings():
     table = grads["encoder"]["embeddings"]["word_embeddings"]["embedding"]
     # rows 0..7 are read directly (tied) as well as through the encoder's lookup
     without_tie = jax.grad(lambda p: TokenProbe(net).loss(
-        p, batch, jax.random.PRNGKey(0), {}, True).loss_sum)(params)
+        p, batch, jax.random.PRNGKey(0), {}, True).losses["loss"])(params)
     diff = np.abs(np.asarray(table - without_tie["encoder"]["embeddings"]["word_embeddings"][
         "embedding"]))
     assert diff[:8].sum() > 0 and diff[8:].max() < diff[:8].max()

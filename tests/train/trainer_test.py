@@ -11,6 +11,7 @@ import pytest
 from testlib.tiny_run import assert_trees_close as _assert_trees_close
 from testlib.tiny_run import mlm_objectives as _objectives
 from testlib.tiny_run import train_tiny as _train
+from xlm_jax.objectives.base import LossOutput, Metric, Objective, WeightedObjective
 from xlm_jax.objectives.mlm import MaskedLM
 from xlm_jax.train import data as data_lib
 from xlm_jax.train import loop, partitioning
@@ -76,8 +77,7 @@ class _NanAfterThreeSteps(MaskedLM):
     def loss(self, params, prepared, rng, state, deterministic=False):
         out = super().loss(params, prepared, rng, state, deterministic)
         bad = jnp.where(state["updates"] >= 3, jnp.nan, 0.0)
-        return out.replace(loss_sum=out.loss_sum + bad,
-                           metrics={**out.metrics, "loss": out.metrics["loss"] + bad})
+        return out.replace(losses={"loss": out.losses["loss"] + bad})
 
 
 def test_nan_loss_stops_naming_step_and_objective_keeping_last_good_checkpoint(tmp_path):
@@ -182,3 +182,124 @@ def test_language_embedding_model_trains_and_evaluates_on_synthetic_streams(tmp_
     (evaluated,) = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")
                     if json.loads(line)["split"] == "eval"]
     assert np.isfinite(evaluated["mmlm/loss"])
+
+
+# ------------------------------------------------------------------ the per-term loss contract
+
+
+class _TwoTerms(Objective):
+    """A toy objective on params {"encoder": {"w": [D]}}: term "a" sums (x . w)^2 over the rows
+    with `a_mask`, term "b" sums |x . w - target| over the [B, K] slots of `b_mask`; metric
+    "positive": the share of "a" rows with x . w > 0."""
+
+    name = "toy"
+
+    def __init__(self, weights=None, terms_returned=None, metric_name="positive"):
+        self.term_weights = weights or {"a": 1.0, "b": 3.0}
+        self.terms_returned, self.metric_name = terms_returned, metric_name
+
+    def prepare(self, batch, rng):
+        return dict(batch)
+
+    def counts(self, prepared):
+        return {t: jnp.sum(prepared[f"{t}_mask"]) for t in self.term_weights}
+
+    def loss(self, params, prepared, rng, state, deterministic=False):
+        z = prepared["x"] @ params["encoder"]["w"]
+        a_mask, b_mask = prepared["a_mask"], prepared["b_mask"]
+        sums = {"a": jnp.sum(a_mask * z ** 2),
+                "b": jnp.sum(b_mask * jnp.abs(z[:, None] - prepared["target"]))}
+        sums = {t: sums[t] for t in (self.terms_returned or self.term_weights)}
+        return LossOutput(losses=sums, metrics={self.metric_name: Metric(
+            jnp.sum(a_mask * (z > 0)), jnp.sum(a_mask))})
+
+
+class _OneTerm(_TwoTerms):
+    name = "one"
+
+    def __init__(self):
+        super().__init__(weights={"a": 1.0})
+
+
+def _toy_batch(seed, rows=8, dim=3, k=4):
+    rng = np.random.default_rng(seed)
+    # uneven masks: every microbatch of 2 rows has its own counts
+    return {"x": jnp.asarray(rng.normal(size=(rows, dim)), jnp.float32),
+            "target": jnp.asarray(rng.normal(size=(rows, k)), jnp.float32),
+            "a_mask": jnp.asarray(rng.random(rows) < 0.6, jnp.float32).at[0].set(1.0),
+            "b_mask": jnp.asarray(rng.random((rows, k)) < 0.3, jnp.float32).at[0, 0].set(1.0)}
+
+
+def _toy_step(objs, accum=1, normalization="per_objective"):
+    import optax
+
+    from xlm_jax.train import step as step_lib
+
+    tx = optax.sgd(0.1)
+    params = {"encoder": {"w": jnp.asarray([0.5, -1.0, 2.0], jnp.float32)}, "objectives": {}}
+    state = step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                                opt_state=tx.init(params), obj_state={o.name: {} for o in objs})
+    fn = jax.jit(step_lib.make_train_step(objs, tx, accum_steps=accum,
+                                          normalization=normalization))
+    batches = {o.name: _toy_batch(i) for i, o in enumerate(objs)}
+    return fn(state, batches, jax.random.PRNGKey(0)), batches, params
+
+
+def _np_terms(batch, w):
+    z = np.asarray(batch["x"]) @ np.asarray(w)
+    a, b = np.asarray(batch["a_mask"]), np.asarray(batch["b_mask"])
+    return ({"a": (a * z ** 2).sum(), "b": (b * np.abs(z[:, None] - batch["target"])).sum()},
+            {"a": a.sum(), "b": b.sum()}, (a * (z > 0)).sum() / a.sum())
+
+
+def test_loss_is_the_weighted_sum_of_term_means_and_accumulation_is_exact():
+    """Per objective: L_o = sum_t lambda_t sum_t / N_t over the global counts; 4 microbatches
+    of uneven counts give the one-batch step's loss, metrics and update."""
+    objs = [WeightedObjective(_TwoTerms(), 2.0)]
+    (one, m1), batches, params = _toy_step(objs)
+    (four, m4), _, _ = _toy_step(objs, accum=4)
+    sums, counts, positive = _np_terms(batches["toy"], params["encoder"]["w"])
+    means = {t: sums[t] / counts[t] for t in sums}
+    assert float(m1["toy/loss"]) == pytest.approx(means["a"] + 3.0 * means["b"], rel=1e-6)
+    assert float(m1["loss"]) == pytest.approx(2.0 * (means["a"] + 3.0 * means["b"]), rel=1e-6)
+    for t in ("a", "b"):
+        assert float(m1[f"toy/{t}_loss"]) == pytest.approx(means[t], rel=1e-6)
+    assert float(m1["toy/count"]) == counts["a"] + counts["b"]
+    assert float(m1["toy/positive"]) == pytest.approx(positive, rel=1e-6)
+    assert set(m1) == set(m4)
+    for k in m1:
+        np.testing.assert_allclose(float(m4[k]), float(m1[k]), rtol=1e-6, atol=1e-7, err_msg=k)
+    np.testing.assert_allclose(np.asarray(four.params["encoder"]["w"]),
+                               np.asarray(one.params["encoder"]["w"]), rtol=1e-6, atol=1e-7)
+
+
+def test_pooled_weighs_each_objectives_loss_by_its_share_of_the_units():
+    """pooled: sum_o w_o N_o L_o / sum_o N_o with N_o the units of all of o's terms (its
+    `count`); the one-term objective's part is w_o * its loss sum / all units (unilm)."""
+    objs = [WeightedObjective(_TwoTerms(), 2.0), WeightedObjective(_OneTerm(), 0.5)]
+    (_, m), batches, params = _toy_step(objs, accum=2, normalization="pooled")
+    w = params["encoder"]["w"]
+    s2, n2, _ = _np_terms(batches["toy"], w)
+    s1, n1, _ = _np_terms(batches["one"], w)
+    units = n2["a"] + n2["b"] + n1["a"]
+    want = (2.0 * (n2["a"] + n2["b"]) * (s2["a"] / n2["a"] + 3.0 * s2["b"] / n2["b"])
+            + 0.5 * s1["a"]) / units
+    assert float(m["loss"]) == pytest.approx(want, rel=1e-6)
+    assert "one/a_loss" not in m and float(m["one/loss"]) == pytest.approx(s1["a"] / n1["a"],
+                                                                          rel=1e-6)
+    assert float(m["loss"]) == pytest.approx(
+        sum(o.weight * float(m[f"{o.name}/loss"]) * float(m[f"{o.name}/count"]) for o in objs)
+        / (float(m["toy/count"]) + float(m["one/count"])), rel=1e-6)
+
+
+@pytest.mark.parametrize("objective, match", [
+    (_TwoTerms(terms_returned=("a",)), r"objective 'toy': loss\(\) gives the terms \['a'\] but "
+                                       r"term_weights declares \['a', 'b'\]"),
+    (_TwoTerms(weights={"a": 1.0, "b": -1.0}), r"objective 'toy': term_weights\['b'\]=-1.0 "
+                                               r"must be a finite number >= 0"),
+    (_TwoTerms(metric_name="a_loss"), r"objective 'toy': metric names \['a_loss'\] are "
+                                      r"reported by the trainer already"),
+])
+def test_contract_errors_name_the_objective(objective, match):
+    with pytest.raises(ValueError, match=match):
+        _toy_step([WeightedObjective(objective)])

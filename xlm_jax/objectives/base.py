@@ -18,12 +18,19 @@ objective and the offending name):
 - `encoder_params_used`: paths of encoder parameters it reads directly (tied embeddings),
   checked to exist.
 
-An objective turns one batch of its data stream into a loss. It is split in two so that
-gradient accumulation is exact:
+An objective turns one batch of its data stream into a loss made of named *terms*. It is
+split in two so that gradient accumulation is exact:
 - `prepare(batch, rng)` corrupts the *global* batch on device (masking, sampling) before it is
   split into microbatches, so 4 x B/4 sees exactly the corruption that one step of B sees;
-- `loss(params, prepared, rng, state)` returns a `LossOutput` with a *sum* over its units
-  (predictions, sentences) and the unit count; the trainer divides by the global count.
+- `counts(prepared)` gives each term's unit count (masked predictions, tokens, sentences) on
+  that prepared *global* batch, before the split;
+- `loss(params, prepared, rng, state)` returns a `LossOutput` with each term's *sum* over its
+  units in the (micro)batch, and `Metric`s, (total, count) pairs that add over microbatches.
+`term_weights` declares the terms with their weights within the objective (XLM-E's lambda); the
+objective's loss is `L_o = sum_t term_weights[t] * losses[t] / counts[t]` (`objective_loss`),
+and the trainer combines the objectives (`xlm_jax.train.step.make_train_step`). Sums over any
+split of the rows, divided by counts of the whole batch, make the microbatches' losses add up
+to the whole batch's; and no global count has to ride in the prepared batch.
 Objectives with state (InfoXLM's momentum encoder and queue) keep it in `init_state` /
 `after_update`, which the trainer shards and checkpoints with the rest of the train state:
 - `init_state(params)` gets the *boxed* parameters (`nn.Partitioned`, logical axis names), so a
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -54,16 +62,35 @@ Array = jax.Array
 Batch = dict[str, Array]
 
 
+def safe_ratio(total: Array, count: Array) -> Array:
+    """total / count, and 0 where count is 0 (a precision with no predicted positives)."""
+    total, count = jnp.asarray(total, jnp.float32), jnp.asarray(count, jnp.float32)
+    return jnp.where(count > 0, total / jnp.where(count > 0, count, 1.0), 0.0)
+
+
+@flax.struct.dataclass
+class Metric:
+    """A reported ratio as (total, count): both add over microbatches (and over anything else
+    a caller merges), the value is total / count (0 when count is 0), e.g. accuracy =
+    Metric(correct predictions, predictions), precision = Metric(true positives, predicted
+    positives). The semantics of `clu.metrics.Average`, which is not used: clu is no core
+    dependency, and its 0 / 0 is NaN."""
+
+    total: Array
+    count: Array
+
+    def value(self) -> Array:
+        return safe_ratio(self.total, self.count)
+
+
 @flax.struct.dataclass
 class LossOutput:
-    """loss_sum: summed loss; denominator: units in this (micro)batch; metrics: named sums
-    (reported divided by the global denominator, e.g. `correct` -> accuracy; a key starting
-    with "_" is only handed to `Objective.derived_metrics`); state_inputs:
-    per-row arrays [rows, ...] for `Objective.after_update` (none by default)."""
+    """losses: `{term: summed loss}` over this (micro)batch's units of each term (the keys of
+    `Objective.term_weights`); metrics: `{name: Metric}`, reported as `<objective>/<name>`;
+    state_inputs: per-row arrays [rows, ...] for `Objective.after_update` (none by default)."""
 
-    loss_sum: Array
-    denominator: Array
-    metrics: dict[str, Array]
+    losses: dict[str, Array]
+    metrics: dict[str, Metric] = dataclasses.field(default_factory=dict)
     state_inputs: dict[str, Array] = dataclasses.field(default_factory=dict)
 
 
@@ -84,12 +111,15 @@ def check_kind(owner: str, kind: str, allowed: Sequence[str] = KINDS) -> str:
 
 
 class Objective(abc.ABC):
-    """Base class: subclasses set `name` and `kind` and implement `prepare`, `denominator`
-    and `loss`; objectives with modules of their own also implement `modules` and
-    `example_inputs`."""
+    """Base class: subclasses set `name` and `kind` and implement `prepare`, `counts` and
+    `loss` (and `term_weights` for more than one loss term); objectives with modules of their
+    own also implement `modules` and `example_inputs`."""
 
     name: str = "objective"
     kind: str = "mono"  # the example kind of its data: mono | pair | veco | mixup
+    # {term: weight within the objective}; one term "loss" by default. An objective with
+    # several terms sets its own (XLM-E: {"mlm": 1.0, "rtd": 50.0}).
+    term_weights: Mapping[str, float] = types.MappingProxyType({"loss": 1.0})
     shared_modules: tuple[str, ...] = ()  # module names it shares with other objectives
     encoder_params_used: tuple[str, ...] = ()  # e.g. ("embeddings/word_embeddings/embedding",)
 
@@ -167,13 +197,14 @@ class Objective(abc.ABC):
         """Device-side corruption of the whole global batch; no parameters involved."""
 
     @abc.abstractmethod
-    def denominator(self, prepared: Batch) -> Array:
-        """Number of loss units (e.g. masked predictions) in a prepared batch."""
+    def counts(self, prepared: Batch) -> dict[str, Array]:
+        """`{term: number of its units}` (masked predictions, tokens, sentences) in a prepared
+        batch; the trainer calls it on the whole global batch, before the microbatch split."""
 
     @abc.abstractmethod
     def loss(self, params: Any, prepared: Batch, rng: Array, state: Any,
              deterministic: bool = False) -> LossOutput:
-        """Summed loss of a prepared (micro)batch."""
+        """Each term's summed loss, and the metrics, of a prepared (micro)batch."""
 
     def flops_per_example(self, seq_len: int) -> float | None:
         """An analytic count of the model matmul FLOPs of one example of its stream, forward +
@@ -184,12 +215,6 @@ class Objective(abc.ABC):
         cannot see the work (a while loop runs its body an unknown number of times)."""
         del seq_len
         return None
-
-    def derived_metrics(self, sums: Mapping[str, Array]) -> dict[str, Array]:
-        """Metrics that are not a sum over the objective's units (precision, per-token rates),
-        computed from this step's global metric sums. Sums whose key starts with "_" are
-        inputs for this method only; the others are reported divided by the denominator."""
-        return {}
 
     def adapt_pretrained(self, params: Any) -> Any:
         """Called once with the train-state parameters right after `init_from` loaded the
@@ -207,6 +232,45 @@ class Objective(abc.ABC):
         """Called after each optimizer step with the updated parameters and this step's
         `LossOutput.state_inputs` (global batch rows, in order); e.g. EMA and enqueue."""
         return state
+
+
+# ----------------------------------------------------------------------------- the loss terms
+
+
+def check_terms(objective: Objective, got: Mapping[str, Any], what: str) -> None:
+    """A ValueError naming the objective unless `got` (what `what` returned) has exactly the
+    terms of its `term_weights`."""
+    want = sorted(objective.term_weights)
+    if sorted(got) != want:
+        raise ValueError(f"objective {objective.name!r}: {what} gives the terms {sorted(got)} "
+                         f"but term_weights declares {want}")
+
+
+def objective_loss(objective: Objective, losses: Mapping[str, Array],
+                   counts: Mapping[str, Array]) -> Array:
+    """L_o = sum_t term_weights[t] * losses[t] / counts[t] (a term with no units adds 0):
+    the objective's loss, before its weight in the mixture."""
+    check_terms(objective, losses, "loss()")
+    check_terms(objective, counts, "counts()")
+    return sum(float(w) * safe_ratio(losses[t], counts[t])
+               for t, w in sorted(objective.term_weights.items()))
+
+
+def report(objective: Objective, losses: Mapping[str, Array], metrics: Mapping[str, Metric],
+           counts: Mapping[str, Array]) -> dict[str, Array]:
+    """The objective's reported values, unprefixed: `loss` (`objective_loss`), with more than
+    one term each term's mean as `<term>_loss`, `count` (the units of all its terms together),
+    and every metric's value. A metric named like one of these is a ValueError."""
+    out = {"loss": objective_loss(objective, losses, counts),
+           "count": sum(jnp.asarray(c, jnp.float32) for _, c in sorted(counts.items()))}
+    if len(objective.term_weights) > 1:
+        out.update({f"{t}_loss": safe_ratio(losses[t], counts[t]) for t in sorted(losses)})
+    clash = sorted(set(metrics) & set(out))
+    if clash:
+        raise ValueError(f"objective {objective.name!r}: metric names {clash} are reported by "
+                         "the trainer already (loss, count, <term>_loss)")
+    out.update({k: m.value() for k, m in metrics.items()})
+    return out
 
 
 # ----------------------------------------------------------------------------- the parameter tree

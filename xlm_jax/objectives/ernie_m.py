@@ -64,7 +64,7 @@ from xlm_jax.models import flops
 from xlm_jax.models import masks as masks_lib
 from xlm_jax.models.token_mask import TokenMask
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import ROW_IDS, Batch, LossOutput, Objective
+from xlm_jax.objectives.base import ROW_IDS, Batch, LossOutput, Metric, Objective
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens, regular_token_logits
 from xlm_jax.objectives.mlm import masked_lm_sums, with_restarted_positions
 
@@ -126,15 +126,12 @@ def _encode_logits(model: Transformer, enc_params: Any, ids: jax.Array, features
     return model.apply({"params": enc_params}, rngs={"dropout": rng}, method=forward)
 
 
-def _ratio_metrics(sums: Mapping[str, jax.Array], pairs: Mapping[str, tuple[str, str]]
-                   ) -> dict[str, jax.Array]:
-    return {name: sums[num] / jnp.maximum(sums[den], 1.0) for name, (num, den) in pairs.items()}
-
-
 class CrossAttentionMLM(Objective):
-    """ERNIE-M CAMLM on translation pairs; see the module docstring."""
+    """ERNIE-M CAMLM on translation pairs; see the module docstring. Two loss terms, "src" and
+    "tgt" (each side's predictions), weight 1 each: L = L(src) + L(tgt) (paper §3.1)."""
 
     kind = "pair"
+    term_weights = {"src": 1.0, "tgt": 1.0}
 
     def __init__(self, model: Transformer, name: str = "camlm", mask_prob: float = 0.15,
                  max_predictions: int = 20, passes: str = "two", corruption: str = "mask",
@@ -153,24 +150,23 @@ class CrossAttentionMLM(Objective):
 
     def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
         """One corruption with a masked set per side; the slots of side 1 come first ([B, P]
-        each, so [B, 2P] in all) and the global per-side counts ride along per row."""
+        each, so [B, 2P] in all)."""
         batch = with_restarted_positions(batch, self.restart_positions)
         ids, side = batch["input_ids"], batch["pair_side"]
         src_rng, tgt_rng = jax.random.split(rng)
         src = mask_tokens(src_rng, ids, side == 1, self.masking)
         tgt = mask_tokens(tgt_rng, src.input_ids, side == 2, self.masking)  # disjoint sets
-        rows = ids.shape[0]
         return {**batch, "input_ids": tgt.input_ids,
                 "target_positions": jnp.concatenate([src.target_positions,
                                                      tgt.target_positions], axis=1),
                 "target_ids": jnp.concatenate([src.target_ids, tgt.target_ids], axis=1),
                 "target_weights": jnp.concatenate([src.target_weights, tgt.target_weights],
-                                                  axis=1),
-                "global_src": jnp.full((rows,), jnp.sum(src.target_weights)),
-                "global_tgt": jnp.full((rows,), jnp.sum(tgt.target_weights))}
+                                                  axis=1)}
 
-    def denominator(self, prepared: Batch) -> jax.Array:
-        return jnp.sum(prepared["target_weights"])
+    def counts(self, prepared: Batch) -> dict[str, jax.Array]:
+        """Each side's predictions."""
+        p, w = self.masking.max_predictions, prepared["target_weights"]
+        return {"src": jnp.sum(w[:, :p]), "tgt": jnp.sum(w[:, p:])}
 
     def side_logits(self, params: Any, prepared: Batch, rng: jax.Array,
                     deterministic: bool = False) -> tuple[jax.Array, jax.Array]:
@@ -197,17 +193,10 @@ class CrossAttentionMLM(Objective):
         targets, weights = prepared["target_ids"], prepared["target_weights"]
         src_sum, src_ok = masked_lm_sums(src_logits, targets[:, :p], weights[:, :p])
         tgt_sum, tgt_ok = masked_lm_sums(tgt_logits, targets[:, p:], weights[:, p:])
-        n_src, n_tgt = prepared["global_src"][0], prepared["global_tgt"][0]
-        total = n_src + n_tgt
-        # loss_sum / (global predictions) = mean over source + mean over target (the paper's
-        # L(src) + L(tgt)), with and without accumulation
-        loss_sum = (src_sum * total / jnp.maximum(n_src, 1.0)
-                    + tgt_sum * total / jnp.maximum(n_tgt, 1.0))
-        metrics = {"loss": loss_sum, "accuracy": src_ok + tgt_ok,
-                   "_src_loss": src_sum, "_src_correct": src_ok,
-                   "_src_count": jnp.sum(weights[:, :p]), "_tgt_loss": tgt_sum,
-                   "_tgt_correct": tgt_ok, "_tgt_count": jnp.sum(weights[:, p:])}
-        return LossOutput(loss_sum=loss_sum, denominator=jnp.sum(weights), metrics=metrics)
+        n_src, n_tgt = jnp.sum(weights[:, :p]), jnp.sum(weights[:, p:])
+        metrics = {"accuracy": Metric(src_ok + tgt_ok, n_src + n_tgt),
+                   "src_accuracy": Metric(src_ok, n_src), "tgt_accuracy": Metric(tgt_ok, n_tgt)}
+        return LossOutput(losses={"src": src_sum, "tgt": tgt_sum}, metrics=metrics)
 
     def flops_per_example(self, seq_len: int) -> float:
         """One or two differentiated passes and the head at both sides' prediction slots."""
@@ -215,12 +204,6 @@ class CrossAttentionMLM(Objective):
         passes = 2 if self.passes == "two" else 1
         return 3.0 * (passes * seq_len * flops.encoder_flops(cfg, seq_len)
                       + 2 * self.masking.max_predictions * flops.head_flops(cfg))
-
-    def derived_metrics(self, sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-        """Loss and accuracy of each side's predictions."""
-        return _ratio_metrics(sums, {
-            "src_loss": ("_src_loss", "_src_count"), "src_accuracy": ("_src_correct", "_src_count"),
-            "tgt_loss": ("_tgt_loss", "_tgt_count"), "tgt_accuracy": ("_tgt_correct", "_tgt_count")})
 
 
 @flax.struct.dataclass
@@ -341,8 +324,9 @@ class BackTranslationMLM(Objective):
                 "target_weights": masked.target_weights,
                 "sample_keys": jax.random.split(sample_rng, rows)}
 
-    def denominator(self, prepared: Batch) -> jax.Array:
-        return jnp.sum(prepared["target_weights"])
+    def counts(self, prepared: Batch) -> dict[str, jax.Array]:
+        """One term, "loss": stage 2's masked source tokens."""
+        return {"loss": jnp.sum(prepared["target_weights"])}
 
     def pseudo_tokens(self, params: Any, prepared: Batch) -> PseudoTokens:
         """Stage 1: the placeholders filled in one pass from the current parameters, under
@@ -387,10 +371,10 @@ class BackTranslationMLM(Objective):
             loss_sum = loss_sum * (state["updates"] >= self.start_step).astype(loss_sum.dtype)
         # how often a pseudo-token copies a token of its own sentence (a collapse indicator)
         copies = jnp.any(pseudo.ids[:, :, None] == prepared["source_ids"][:, None, :], axis=-1)
-        metrics = {"loss": loss_sum, "accuracy": correct,
-                   "_copied": jnp.sum(copies * pseudo.weights),
-                   "_pseudo": jnp.sum(pseudo.weights)}
-        return LossOutput(loss_sum=loss_sum, denominator=jnp.sum(weights), metrics=metrics)
+        metrics = {"accuracy": Metric(correct, jnp.sum(weights)),
+                   "pseudo_copy_rate": Metric(jnp.sum(copies * pseudo.weights),
+                                              jnp.sum(pseudo.weights))}
+        return LossOutput(losses={"loss": loss_sum}, metrics=metrics)
 
     def flops_per_example(self, seq_len: int) -> float:
         """Stage 1 forward only (stop_gradient) with the head at the placeholder slots, stage 2
@@ -399,7 +383,3 @@ class BackTranslationMLM(Objective):
         enc, head = seq_len * flops.encoder_flops(cfg, seq_len), flops.head_flops(cfg)
         return (enc + self._slots(seq_len)[1] * head
                 + 3.0 * (enc + self.masking.max_predictions * head))
-
-    def derived_metrics(self, sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-        """The share of pseudo-tokens that copy a token of their own sentence."""
-        return _ratio_metrics(sums, {"pseudo_copy_rate": ("_copied", "_pseudo")})

@@ -31,7 +31,7 @@ from xlm_jax.models.common import normal_init as _init
 from xlm_jax.models.common import zeros_init as _zeros
 from xlm_jax.models.config import ModelConfig
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import ROW_IDS, Batch, LossOutput, Objective
+from xlm_jax.objectives.base import ROW_IDS, Batch, LossOutput, Metric, Objective
 
 Array = jax.Array
 _PAD_LOGIT = -1e9
@@ -104,9 +104,10 @@ class _FinetuneObjective(Objective):
     def prepare(self, batch: Batch, rng: Array) -> Batch:
         return batch  # nothing to corrupt
 
-    def denominator(self, prepared: Batch) -> Array:
-        """Labelled rows or tokens: entries of the first label feature that are >= 0."""
-        return jnp.sum((prepared[self.label_keys[0]] >= 0).astype(jnp.float32))
+    def counts(self, prepared: Batch) -> dict[str, Array]:
+        """One term, "loss": labelled rows or tokens (entries of the first label feature that
+        are >= 0)."""
+        return {"loss": jnp.sum((prepared[self.label_keys[0]] >= 0).astype(jnp.float32))}
 
     def hidden(self, params: Any, batch: Batch, rng: Array, deterministic: bool) -> Array:
         kwargs = {ROW_IDS: batch[ROW_IDS]} if ROW_IDS in batch else {}
@@ -143,8 +144,7 @@ class _LabelObjective(_FinetuneObjective):
              deterministic: bool = False) -> LossOutput:
         logits = self.logits(params, prepared, rng, deterministic)
         nll, correct, count = cross_entropy_sums(logits, prepared[self.label_keys[0]])
-        return LossOutput(loss_sum=nll, denominator=count,
-                          metrics={"loss": nll, "accuracy": correct})
+        return LossOutput(losses={"loss": nll}, metrics={"accuracy": Metric(correct, count)})
 
 
 class SequenceClassification(_LabelObjective):
@@ -206,6 +206,6 @@ class SpanExtraction(_FinetuneObjective):
         start, end = self.span_logits(params, prepared, rng, deterministic)
         s_nll, s_ok, count = cross_entropy_sums(start, prepared["start_positions"])
         e_nll, e_ok, _ = cross_entropy_sums(end, prepared["end_positions"])
-        loss = (s_nll + e_nll) / 2.0
-        return LossOutput(loss_sum=loss, denominator=count,
-                          metrics={"loss": loss, "start_accuracy": s_ok, "end_accuracy": e_ok})
+        return LossOutput(losses={"loss": (s_nll + e_nll) / 2.0},
+                          metrics={"start_accuracy": Metric(s_ok, count),
+                                   "end_accuracy": Metric(e_ok, count)})

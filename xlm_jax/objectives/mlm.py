@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from xlm_jax.data.features import PREFIXES
 from xlm_jax.models import flops
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import ROW_IDS, Batch, LossOutput, Objective, check_kind
+from xlm_jax.objectives.base import ROW_IDS, Batch, LossOutput, Metric, Objective, check_kind
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
 
 
@@ -109,8 +109,9 @@ class MaskedLM(Objective):
         return {**batch, "input_ids": m.input_ids, "target_positions": m.target_positions,
                 "target_ids": m.target_ids, "target_weights": m.target_weights}
 
-    def denominator(self, prepared: Batch) -> jax.Array:
-        return jnp.sum(prepared["target_weights"])
+    def counts(self, prepared: Batch) -> dict[str, jax.Array]:
+        """One term, "loss": the masked predictions."""
+        return {"loss": jnp.sum(prepared["target_weights"])}
 
     def flops_per_example(self, seq_len: int) -> float:
         """Each row of the example through the encoder with gradient, and the MLM head at
@@ -133,5 +134,5 @@ class MaskedLM(Objective):
         loss_sum, correct = masked_lm_sums(logits, prepared["target_ids"],
                                            prepared["target_weights"])
         count = jnp.sum(prepared["target_weights"])
-        return LossOutput(loss_sum=loss_sum, denominator=count,
-                          metrics={"loss": loss_sum, "accuracy": correct})
+        return LossOutput(losses={"loss": loss_sum},
+                          metrics={"accuracy": Metric(correct, count)})

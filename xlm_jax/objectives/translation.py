@@ -46,7 +46,8 @@ from xlm_jax.models import flops
 from xlm_jax.models import layer_stack
 from xlm_jax.models.token_mask import TokenMask
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import ENCODER, OBJECTIVES, ROW_IDS, Batch, LossOutput, Objective
+from xlm_jax.objectives.base import (ENCODER, OBJECTIVES, ROW_IDS, Batch, LossOutput, Metric,
+                                     Objective)
 
 SHARED = ("embeddings", "mlm_head")  # the decoder reads these from the encoder
 TAKE = ("last", "first")
@@ -223,8 +224,9 @@ class Translation(Objective):
         weight = (jnp.concatenate([seg[:, 1:], jnp.zeros_like(seg[:, :1])], axis=1) > 0)
         return target, weight.astype(jnp.float32)
 
-    def denominator(self, prepared: Batch) -> jax.Array:
-        return jnp.sum(self._targets(prepared)[1])
+    def counts(self, prepared: Batch) -> dict[str, jax.Array]:
+        """One term, "loss": the target tokens predicted."""
+        return {"loss": jnp.sum(self._targets(prepared)[1])}
 
     def encode_source(self, params: Any, prepared: Batch, rng: jax.Array | None = None,
                       deterministic: bool = True) -> jax.Array:
@@ -270,8 +272,8 @@ class Translation(Objective):
         eps = self.label_smoothing
         per_token = (1.0 - eps) * nll + eps * smooth
         correct = (jnp.argmax(logits, axis=-1) == target).astype(jnp.float32)
-        metrics = {"loss": jnp.sum(per_token * weight), "accuracy": jnp.sum(correct * weight),
-                   "nll": jnp.sum(nll * weight)}
-        return LossOutput(loss_sum=jnp.sum(per_token * weight), denominator=jnp.sum(weight),
-                          metrics=metrics)
+        count = jnp.sum(weight)
+        metrics = {"accuracy": Metric(jnp.sum(correct * weight), count),
+                   "nll": Metric(jnp.sum(nll * weight), count)}  # without the smoothing
+        return LossOutput(losses={"loss": jnp.sum(per_token * weight)}, metrics=metrics)
 

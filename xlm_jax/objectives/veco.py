@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from xlm_jax.models import flops
 from xlm_jax.models.token_mask import TokenMask
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import Batch, LossOutput, Objective
+from xlm_jax.objectives.base import Batch, LossOutput, Metric, Objective
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
 from xlm_jax.objectives.mlm import encoder_kwargs, masked_lm_sums, side_rows
 
@@ -88,9 +88,11 @@ def cross_mask(batch: Mapping[str, jax.Array], query: str, memory: str) -> Token
 
 
 class VariableMLM(Objective):
-    """VECO IS-MLM + CS-MLM on `veco` rows (x, y); see the module docstring."""
+    """VECO IS-MLM + CS-MLM on `veco` rows (x, y); see the module docstring. Four loss terms
+    (`TERMS`), each over its row's masked predictions, weight 1 each (Eq. 8)."""
 
     kind = "veco"
+    term_weights = {t: 1.0 for t in TERMS}
 
     def __init__(self, model: Transformer, name: str = "veco", mask_prob: float = 0.15,
                  max_predictions: int = 20, use_lang_ids: bool | None = None,
@@ -126,15 +128,12 @@ class VariableMLM(Objective):
             out.update({f"{side}_input_ids": m.input_ids, f"{side}_cs_input_ids": cs_ids,
                         f"{side}_target_positions": m.target_positions,
                         f"{side}_target_ids": m.target_ids,
-                        f"{side}_target_weights": m.target_weights,
-                        # global count of the side's predictions, per row for microbatches
-                        f"{side}_global_count": jnp.full((ids.shape[0],),
-                                                         jnp.sum(m.target_weights))})
+                        f"{side}_target_weights": m.target_weights})
         return out
 
-    def denominator(self, prepared: Batch) -> jax.Array:
-        # every masked token is predicted twice (IS and CS); the unit is one prediction
-        return 2.0 * sum(jnp.sum(prepared[f"{s}_target_weights"]) for s in SIDES)
+    def counts(self, prepared: Batch) -> dict[str, jax.Array]:
+        """Each term's predictions: the masked tokens of the row it restores."""
+        return {t: jnp.sum(prepared[f"{SIDE_OF[t]}_target_weights"]) for t in TERMS}
 
     def encode(self, params: Any, prepared: Batch, side: str, rng: jax.Array,
                deterministic: bool, memory: jax.Array | None = None,
@@ -176,18 +175,10 @@ class VariableMLM(Objective):
         logits = self.term_logits(params, prepared, rng, deterministic)
         sums = {t: masked_lm_sums(logits[t], prepared[f"{SIDE_OF[t]}_target_ids"],
                                   prepared[f"{SIDE_OF[t]}_target_weights"]) for t in TERMS}
-        n = {s: jnp.sum(prepared[f"{s}_target_weights"]) for s in SIDES}
-        g = {s: prepared[f"{s}_global_count"][0] for s in SIDES}
-        g_total = 2.0 * (g["x"] + g["y"])
-        # loss_sum / (global predictions) = the sum of the four terms' means (Eq. 8), with and
-        # without accumulation: each term's sum is rescaled by the global counts
-        loss_sum = sum(sums[t][0] * g_total / jnp.maximum(g[SIDE_OF[t]], 1.0) for t in TERMS)
-        metrics = {"loss": loss_sum, "accuracy": sum(sums[t][1] for t in TERMS)}
-        for t in TERMS:
-            metrics[f"_{t}_loss"], metrics[f"_{t}_correct"] = sums[t]
-        for s in SIDES:
-            metrics[f"_{s}_count"] = n[s]
-        return LossOutput(loss_sum=loss_sum, denominator=2.0 * (n["x"] + n["y"]), metrics=metrics)
+        n = {t: jnp.sum(prepared[f"{SIDE_OF[t]}_target_weights"]) for t in TERMS}
+        metrics = {"accuracy": Metric(sum(sums[t][1] for t in TERMS), sum(n.values()))}
+        metrics.update({f"{t}_accuracy": Metric(sums[t][1], n[t]) for t in TERMS})
+        return LossOutput(losses={t: sums[t][0] for t in TERMS}, metrics=metrics)
 
     def flops_per_example(self, seq_len: int) -> float:
         """Two IS passes and two CS passes (with cross-attention over the other row, whose
@@ -199,12 +190,3 @@ class VariableMLM(Objective):
                        - flops.memory_projection_flops(cfg, t, t))
         return (2 * (3.0 * is_pass + cs_pass)
                 + 3.0 * 4 * self.masking.max_predictions * flops.head_flops(cfg))
-
-    def derived_metrics(self, sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-        """Loss and accuracy of each of the four terms."""
-        out = {}
-        for t in TERMS:
-            count = jnp.maximum(sums[f"_{SIDE_OF[t]}_count"], 1.0)
-            out[f"{t}_loss"] = sums[f"_{t}_loss"] / count
-            out[f"{t}_accuracy"] = sums[f"_{t}_correct"] / count
-        return out

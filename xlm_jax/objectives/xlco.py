@@ -42,7 +42,8 @@ from xlm_jax.data.features import PAD_ID, PREFIXES
 from xlm_jax.models import flops
 from xlm_jax.models import heads as heads_lib
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import ENCODER, OBJECTIVES, Batch, LossOutput, Objective, check_kind
+from xlm_jax.objectives.base import (ENCODER, OBJECTIVES, Batch, LossOutput, Metric, Objective,
+                                     check_kind)
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
 from xlm_jax.objectives.mlm import encoder_kwargs, side_rows
 
@@ -184,8 +185,9 @@ class XLCo(Objective):
     def _valid_rows(self, prepared: Batch) -> jax.Array:
         return (prepared[self.query_prefix + "input_ids"][:, 0] != PAD_ID).astype(jnp.float32)
 
-    def denominator(self, prepared: Batch) -> jax.Array:
-        return jnp.sum(self._valid_rows(prepared))
+    def counts(self, prepared: Batch) -> dict[str, jax.Array]:
+        """One term, "loss": the real (non-padding) query rows."""
+        return {"loss": jnp.sum(self._valid_rows(prepared))}
 
     def represent(self, params: Any, prepared: Batch, prefix: str, rng: jax.Array,
                   deterministic: bool) -> jax.Array:
@@ -247,9 +249,8 @@ class XLCo(Objective):
         others = jnp.where(jax.nn.one_hot(label, logits.shape[-1]) > 0, -jnp.inf, logits)
         hit = positive > jnp.max(others, axis=-1)
         correct = jnp.sum(hit * valid) * ready
-        count = jnp.sum(valid)
-        metrics = {"loss": loss_sum, "accuracy": correct}
-        if self.queue_size:  # reported divided by the count: the filled fraction
-            metrics["queue_fill"] = jnp.float32(filled) / self.queue_size * count
-        return LossOutput(loss_sum=loss_sum, denominator=count, metrics=metrics,
+        metrics = {"accuracy": Metric(correct, jnp.sum(valid))}
+        if self.queue_size:  # the filled fraction, once per (micro)batch
+            metrics["queue_fill"] = Metric(jnp.float32(filled) / self.queue_size, 1.0)
+        return LossOutput(losses={"loss": loss_sum}, metrics=metrics,
                           state_inputs={"keys": k, "valid": valid})

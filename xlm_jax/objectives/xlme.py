@@ -46,10 +46,13 @@ shared: one generator and one head serve both streams.
   original. A sampled token equal to the original therefore counts as original, ELECTRA's
   convention; XLM-E's text ("predict whether each token is replaced") does not settle this
   case, so this is the reading we chose.
-- Normalisation: the trainer divides an objective's summed loss by one global unit count (here
-  the masked predictions); the RTD sum is rescaled by `n_masked / n_tokens` of the *global*
-  batch (counted in `prepare`), so `loss_sum / denominator` is exactly `L_gen + lambda L_rtd`
-  with and without accumulation.
+- Loss terms (`term_weights`): "mlm", the generator's CE summed over the masked predictions,
+  weight 1; "rtd", the discriminator's BCE summed over the non-pad tokens, weight lambda.
+  `counts` gives their units in the global batch (masked predictions, tokens), so the trainer's
+  `L_gen + lambda L_rtd` is exact with and without accumulation. Metrics: the generator's
+  `mlm_accuracy`; the discriminator's per-token `rtd_accuracy`, `rtd_precision` and
+  `rtd_recall` on replaced tokens; `replaced_fraction`, the masked positions whose sample
+  differs from the original (the trainer adds `mlm_loss` and `rtd_loss`, the terms' means).
 """
 from __future__ import annotations
 
@@ -66,7 +69,7 @@ from xlm_jax.models import heads as heads_lib
 from xlm_jax.models.common import normal_init
 from xlm_jax.models.config import POSITION_TYPES, ModelConfig
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import Batch, LossOutput, Objective, check_kind
+from xlm_jax.objectives.base import Batch, LossOutput, Metric, Objective, check_kind
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens, regular_token_logits
 from xlm_jax.objectives.mlm import (check_restart, encoder_kwargs, masked_lm_sums,
                                     with_restarted_positions)
@@ -174,6 +177,7 @@ class ReplacedTokenDetection(Objective):
         if not temperature > 0:
             raise ValueError(f"{owner}: temperature={temperature!r} must be > 0")
         self.rtd_weight, self.temperature = float(rtd_weight), float(temperature)
+        self.term_weights = {"mlm": 1.0, "rtd": self.rtd_weight}  # paper §4.1: lambda = 50
         # uniform selection, every selected token -> <mask> (paper §2); rate: our choice
         self.masking = MaskingConfig(mask_prob=mask_prob, max_predictions=max_predictions,
                                      mask_token_prob=1.0, random_token_prob=0.0,
@@ -244,24 +248,24 @@ class ReplacedTokenDetection(Objective):
     # -- the computation ------------------------------------------------------------------
 
     def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
-        """Masks the global batch, draws one sampling key per row, and counts the global
-        masked predictions and tokens (broadcast per row, so microbatches carry them)."""
+        """Masks the global batch and draws one sampling key per row."""
         mask_rng, sample_rng = jax.random.split(rng)
         batch = with_restarted_positions(batch, self.restart_positions)
         ids = batch["input_ids"]
         m = mask_tokens(mask_rng, ids, None, self.masking)
-        rows = ids.shape[0]
-        n_masked = jnp.sum(m.target_weights)
-        n_tokens = jnp.sum((ids != self.model.config.pad_id).astype(jnp.float32))
         return {**batch, "original_ids": ids, "input_ids": m.input_ids,
                 "target_positions": m.target_positions, "target_ids": m.target_ids,
                 "target_weights": m.target_weights,
-                "sample_keys": jax.random.split(sample_rng, rows),
-                "global_masked": jnp.full((rows,), n_masked),
-                "global_tokens": jnp.full((rows,), n_tokens)}
+                "sample_keys": jax.random.split(sample_rng, ids.shape[0])}
 
-    def denominator(self, prepared: Batch) -> jax.Array:
-        return jnp.sum(prepared["target_weights"])
+    def _tokens(self, prepared: Batch) -> jax.Array:
+        """[B, T] 1 at the non-pad tokens, the discriminator's units."""
+        return (prepared["original_ids"] != self.model.config.pad_id).astype(jnp.float32)
+
+    def counts(self, prepared: Batch) -> dict[str, jax.Array]:
+        """"mlm": the masked predictions; "rtd": the non-pad tokens."""
+        return {"mlm": jnp.sum(prepared["target_weights"]),
+                "rtd": jnp.sum(self._tokens(prepared))}
 
     def _generator_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         own = dict(self.module_params(params, self.generator_module))
@@ -303,7 +307,7 @@ class ReplacedTokenDetection(Objective):
                                   method=Transformer.encode, **kwargs).last_hidden_state
         rtd_logits = self.rtd_head.apply({"params": self.module_params(params, self.rtd_module)},
                                          hidden)
-        valid = (original != self.model.config.pad_id).astype(jnp.float32)
+        valid = self._tokens(prepared)
         rtd_sum = jnp.sum(sigmoid_bce(rtd_logits, labels) * valid)
         return RTDForward(gen_logits=gen_logits, sampled=sampled, disc_ids=disc_ids,
                           labels=labels, rtd_logits=rtd_logits, valid=valid, mlm_sum=mlm_sum,
@@ -312,22 +316,18 @@ class ReplacedTokenDetection(Objective):
     def loss(self, params: Any, prepared: Batch, rng: jax.Array, state: Any,
              deterministic: bool = False) -> LossOutput:
         f = self.forward(params, prepared, rng, deterministic)
-        # global counts: loss_sum / (global masked) = mean CE + lambda * mean BCE, exactly
-        scale = prepared["global_masked"][0] / jnp.maximum(prepared["global_tokens"][0], 1.0)
-        loss_sum = f.mlm_sum + self.rtd_weight * f.rtd_sum * scale
         predicted = (f.rtd_logits > 0).astype(jnp.float32) * f.valid
         labels = f.labels * f.valid
-        count = jnp.sum(prepared["target_weights"])
+        masked, tokens = jnp.sum(prepared["target_weights"]), jnp.sum(f.valid)
+        true_pos = jnp.sum(predicted * labels)
         metrics = {
-            "loss": loss_sum, "mlm_loss": f.mlm_sum, "mlm_accuracy": f.mlm_correct,
+            "mlm_accuracy": Metric(f.mlm_correct, masked),
             # replaced among the masked predictions (the rest were sampled back as original)
-            "replaced_fraction": jnp.sum(labels),
-            # raw sums ("_" prefix): turned into ratios by derived_metrics
-            "_tokens": jnp.sum(f.valid), "_rtd_loss": f.rtd_sum,
-            "_disc_correct": jnp.sum((predicted == labels) * f.valid),
-            "_true_pos": jnp.sum(predicted * labels), "_pred_pos": jnp.sum(predicted),
-            "_replaced": jnp.sum(labels)}
-        return LossOutput(loss_sum=loss_sum, denominator=count, metrics=metrics)
+            "replaced_fraction": Metric(jnp.sum(labels), masked),
+            "rtd_accuracy": Metric(jnp.sum((predicted == labels) * f.valid), tokens),
+            "rtd_precision": Metric(true_pos, jnp.sum(predicted)),
+            "rtd_recall": Metric(true_pos, jnp.sum(labels))}
+        return LossOutput(losses={"mlm": f.mlm_sum, "rtd": f.rtd_sum}, metrics=metrics)
 
     def flops_per_example(self, seq_len: int) -> float:
         """Generator (MLM at the prediction slots) and discriminator (every token, RTD head),
@@ -339,12 +339,3 @@ class ReplacedTokenDetection(Objective):
             self.gen_config)
         disc = seq_len * (flops.encoder_flops(self.model.config, seq_len) + 2 * (d * d + d))
         return 3.0 * (gen + disc)
-
-    def derived_metrics(self, sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-        """Discriminator loss and accuracy per token, precision and recall on replaced
-        tokens, from the global sums."""
-        tokens = jnp.maximum(sums["_tokens"], 1.0)
-        return {"rtd_loss": sums["_rtd_loss"] / tokens,
-                "rtd_accuracy": sums["_disc_correct"] / tokens,
-                "rtd_precision": sums["_true_pos"] / jnp.maximum(sums["_pred_pos"], 1.0),
-                "rtd_recall": sums["_true_pos"] / jnp.maximum(sums["_replaced"], 1.0)}

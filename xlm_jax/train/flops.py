@@ -32,7 +32,7 @@ import numpy as np
 from xlm_jax.data.features import PREFIXES
 from xlm_jax.data.synthetic import synthetic_batch
 from xlm_jax.models import attention_backends
-from xlm_jax.objectives.base import WeightedObjective, init_params
+from xlm_jax.objectives.base import WeightedObjective, init_params, objective_loss
 from xlm_jax.train import data as data_lib
 from xlm_jax.models.flops import (  # noqa: F401  (re-exported: the trainer's API)
     encoder_flops, head_flops, memory_projection_flops, train_flops_per_token)
@@ -100,9 +100,11 @@ def dot_flops(jaxpr: Any) -> float:
 
 def jaxpr_flops_per_example(objective: Any, seq_len: int, rows: int = 2) -> float:
     """Model matmul FLOPs of one example, read from the jaxpr of the gradient of the
-    objective's loss on `rows` synthetic examples of its kind (traced on abstract parameters:
-    nothing is allocated or computed), with every attention call on the XLA path so that its
-    dot products are seen. Dropout off; the objective's own state from its `init_state`."""
+    objective's loss (`objective_loss`: its terms' sums over their counts, weighted by
+    `term_weights`, as the trainer takes it) on `rows` synthetic examples of its kind (traced
+    on abstract parameters: nothing is allocated or computed), with every attention call on
+    the XLA path so that its dot products are seen. Dropout off; the objective's own state
+    from its `init_state`."""
     model = objective.model  # every objective keeps its encoder as `model`
     cfg = model.config
     wrapped = [WeightedObjective(objective)]
@@ -113,10 +115,11 @@ def jaxpr_flops_per_example(objective: Any, seq_len: int, rows: int = 2) -> floa
         rows, seq_len, cfg.vocab_size, objective.kind, seed=0,
         num_languages=data_lib.synthetic_language_count(cfg.num_languages)).items()}
     prepared = objective.prepare(batch, jax.random.PRNGKey(1))
+    counts = objective.counts(prepared)
 
     def loss(p: Any, st: Any) -> Any:
-        return objective.loss(p, prepared, jax.random.PRNGKey(2), st,
-                              deterministic=True).loss_sum
+        out = objective.loss(p, prepared, jax.random.PRNGKey(2), st, deterministic=True)
+        return objective_loss(objective, out.losses, counts)
 
     with attention_backends.reference_math():
         jaxpr = jax.make_jaxpr(jax.grad(loss))(params, state).jaxpr

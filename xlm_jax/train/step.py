@@ -2,9 +2,11 @@
 
 The train step is one pure function handed to `jax.jit` with in/out shardings and a donated
 state. It calls the objectives of the mixture — one batch per objective per step — and never
-looks inside them. Gradient accumulation splits the (already corrupted, see
-`objectives.base`) global batch into microbatches and sums gradients with `lax.scan`, dividing
-by the global unit counts, so 4 x B/4 equals one step of B.
+looks inside them. Each objective's loss is made of terms (`objectives.base`): the step takes
+every term's unit count from the prepared *global* batch, then splits the (already corrupted)
+batch into microbatches and sums, with `lax.scan`, the gradients of the microbatches' term
+sums over those global counts, so 4 x B/4 equals one step of B. Term sums and metrics
+((total, count) pairs) add up over the microbatches the same way and are reported once.
 """
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ import optax
 from xlm_jax.models import layer_stack
 from xlm_jax.models.config import VOCAB_PARAMS
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import ENCODER, ROW_IDS, Batch, WeightedObjective, init_params
+from xlm_jax.objectives.base import (ENCODER, ROW_IDS, Batch, LossOutput, Metric, Objective,
+                                     WeightedObjective, init_params, objective_loss, report,
+                                     safe_ratio)
 from xlm_jax.train import optim as optim_lib
 from xlm_jax.train import partitioning
 
@@ -96,6 +100,46 @@ def _with_row_ids(prepared: Batch) -> Batch:
 LOSS_NORMALIZATIONS = ("per_objective", "pooled")
 
 
+def check_term_weights(objective: Objective) -> None:
+    """A ValueError naming the objective and the term unless `term_weights` is a non-empty
+    mapping of term names to finite weights >= 0."""
+    weights = objective.term_weights
+    if not isinstance(weights, Mapping) or not weights:
+        raise ValueError(f"objective {objective.name!r}: term_weights={weights!r} must map "
+                         "each loss term to its weight")
+    for term, w in weights.items():
+        if not (isinstance(w, (int, float)) and np.isfinite(w) and w >= 0):
+            raise ValueError(f"objective {objective.name!r}: term_weights[{term!r}]={w!r} "
+                             "must be a finite number >= 0")
+
+
+def _float32(out: LossOutput) -> LossOutput:
+    """`out` with float32 arrays for every term sum and metric (a count may be a Python
+    number), so that they add over microbatches."""
+    f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    return out.replace(losses={t: f(v) for t, v in out.losses.items()},
+                       metrics={k: Metric(f(m.total), f(m.count)) for k, m in out.metrics.items()})
+
+
+def _prefixed(name: str, values: Mapping[str, Array]) -> dict[str, Array]:
+    return {f"{name}/{k}": v for k, v in values.items()}
+
+
+def mixture_factors(objectives: Sequence[WeightedObjective],
+                    counts: Mapping[str, Mapping[str, Array]], normalization: str
+                    ) -> dict[str, Array]:
+    """The factor of each objective's loss L_o (`objectives.base.objective_loss`) in the step's
+    loss. "per_objective": w_o. "pooled": w_o * N_o / sum_o' N_o', with N_o the units of all
+    terms of o (its reported `count`); for a one-term objective, w_o N_o L_o is w_o times its
+    loss sum, so the step's loss is unilm's sum_o w_o * loss sum of o / all units."""
+    if normalization == "per_objective":
+        return {o.name: jnp.float32(o.weight) for o in objectives}
+    units = {o.name: sum(jnp.asarray(c, jnp.float32) for _, c in sorted(counts[o.name].items()))
+             for o in objectives}
+    pool = sum(units.values())
+    return {o.name: o.weight * safe_ratio(units[o.name], pool) for o in objectives}
+
+
 def make_train_step(objectives: Sequence[WeightedObjective],
                     optimizer: optax.GradientTransformation,
                     schedule: optax.Schedule | None = None,
@@ -109,15 +153,25 @@ def make_train_step(objectives: Sequence[WeightedObjective],
     objectives with a batch run (`train.mixture`: alternating phases); the others' state is
     carried over unchanged and they report no metrics. An objective's randomness depends on
     its index in the mixture, not on which others run with it.
-    `normalization`: "per_objective" (default; the papers' L = sum_o w_o * mean loss of o) or
-    "pooled" (unilm's InfoXLM code: sum_o w_o * loss sum of o, divided by the units of all
-    objectives together, e.g. sentences + masked tokens). Reported per-objective metrics are
-    per-unit means either way.
+    The step's loss is sum_o f_o * L_o with L_o = sum_t lambda_t * sum_t / N_t, the objective's
+    terms' means weighted by its `term_weights` (N_t: the term's units in the global batch,
+    from `counts`), and f_o from `normalization` (`mixture_factors`): "per_objective"
+    (default; the papers' L = sum_o w_o * L_o) or "pooled" (unilm's InfoXLM code: sum_o w_o *
+    loss sum of o, divided by the units of all objectives together, e.g. sentences + masked
+    tokens). Pooled weighs each objective's L_o by its share of the units and leaves the
+    combination of its own terms (a paper's L_gen + lambda L_rtd, L(src) + L(tgt)) as it is
+    (our choice: unilm's objectives have one term each, for which both readings agree).
+    Reported, per objective that ran: `<name>/loss` (L_o, before f_o), with more than one term
+    `<name>/<term>_loss` (each term's mean), `<name>/count` (the units of all its terms) and
+    every metric as total / count over the whole batch; plus the step's `loss`, `grad_norm`
+    and `learning_rate`.
     """
     if normalization not in LOSS_NORMALIZATIONS:
         raise ValueError(f"unknown loss normalization {normalization!r}; valid: "
                          f"{', '.join(LOSS_NORMALIZATIONS)}")
     names = [o.name for o in objectives]
+    for o in objectives:
+        check_term_weights(o.objective)
 
     def train_step(state: TrainState, batches: Mapping[str, Batch], rng: Array):
         step_rng = jax.random.fold_in(rng, state.step)
@@ -127,28 +181,27 @@ def make_train_step(objectives: Sequence[WeightedObjective],
                              f"{names}")
         indexed = [(i, o) for i, o in enumerate(objectives) if o.name in batches]
         ran = [o for _, o in indexed]
-        prepared, denoms, loss_rngs = {}, {}, {}
+        prepared, counts, loss_rngs = {}, {}, {}
         for i, o in indexed:
             prep_rng, loss_rngs[o.name] = jax.random.split(jax.random.fold_in(step_rng, i))
             prepared[o.name] = _with_row_ids(o.objective.prepare(batches[o.name], prep_rng))
-            denoms[o.name] = jnp.maximum(o.objective.denominator(prepared[o.name]), 1.0)
-        if normalization == "pooled":
-            pooled = sum(denoms.values())
-            scale = {o.name: pooled for o in ran}
-        else:
-            scale = denoms
+            # the global batch's units, before the microbatch split
+            counts[o.name] = o.objective.counts(prepared[o.name])
+        factors = mixture_factors(ran, counts, normalization)
 
         def micro_loss(params: Any, micro: Mapping[str, Batch]):
             # Every microbatch gets the step's loss key: the loss's randomness is dropout, drawn
             # per row from ROW_IDS (the rows' global indices), so microbatch i draws the masks
             # its rows get in the whole batch (per-row sampling keys come from `prepare`).
+            # Linear in the term sums, over global counts: the microbatches' losses add up.
             total = 0.0
             sums, inputs = {}, {}
             for o in ran:
-                out = o.objective.loss(params, micro[o.name], loss_rngs[o.name],
-                                       state.obj_state[o.name])
-                total = total + o.weight * out.loss_sum / scale[o.name]
-                sums[o.name] = out.metrics
+                out = _float32(o.objective.loss(params, micro[o.name], loss_rngs[o.name],
+                                                state.obj_state[o.name]))
+                total = total + factors[o.name] * objective_loss(o.objective, out.losses,
+                                                                 counts[o.name])
+                sums[o.name] = (out.losses, out.metrics)
                 inputs[o.name] = jax.lax.stop_gradient(out.state_inputs)
             return total, (sums, inputs)
 
@@ -183,7 +236,9 @@ def make_train_step(objectives: Sequence[WeightedObjective],
                                                          inputs[o.name])
         metrics: dict[str, Array] = {"loss": loss, "grad_norm": grad_norm}
         for o in ran:
-            metrics.update(_reported(o, sums[o.name], denoms[o.name]))
+            losses, obj_metrics = sums[o.name]
+            metrics.update(_prefixed(o.name, report(o.objective, losses, obj_metrics,
+                                                    counts[o.name])))
         if schedule is not None:
             metrics["learning_rate"] = schedule(state.step)
         new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
@@ -193,18 +248,11 @@ def make_train_step(objectives: Sequence[WeightedObjective],
     return train_step
 
 
-def _reported(o: WeightedObjective, sums: Mapping[str, Array], denom: Array
-              ) -> dict[str, Array]:
-    """`name/key` metrics of one objective: its sums divided by its global unit count (keys
-    starting with "_" only feed `derived_metrics`), its derived metrics, and the count."""
-    out = {f"{o.name}/{k}": v / denom for k, v in sums.items() if not k.startswith("_")}
-    out.update({f"{o.name}/{k}": v for k, v in o.objective.derived_metrics(sums).items()})
-    out[f"{o.name}/count"] = denom
-    return out
-
-
 def make_eval_step(objectives: Sequence[WeightedObjective]) -> Callable[..., dict[str, Array]]:
-    """Loss/accuracy of each objective on a batch, dropout off (same corruption as training)."""
+    """Each objective's reported values on a batch (the train step's names, without the
+    step's `loss`), dropout off, the same corruption as training."""
+    for o in objectives:
+        check_term_weights(o.objective)
 
     def eval_step(state: TrainState, batches: Mapping[str, Batch], rng: Array):
         metrics = {}
@@ -215,7 +263,8 @@ def make_eval_step(objectives: Sequence[WeightedObjective]) -> Callable[..., dic
             prepared = o.objective.prepare(batches[o.name], prep_rng)
             out = o.objective.loss(state.params, prepared, loss_rng, state.obj_state[o.name],
                                    deterministic=True)
-            metrics.update(_reported(o, out.metrics, jnp.maximum(out.denominator, 1.0)))
+            metrics.update(_prefixed(o.name, report(o.objective, out.losses, out.metrics,
+                                                    o.objective.counts(prepared))))
         return metrics
 
     return eval_step
