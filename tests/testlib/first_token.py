@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from xlm_jax.objectives.base import Batch, LossOutput, Metric, Objective, check_kind
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
-from xlm_jax.objectives.mlm import masked_lm_sums
+from xlm_jax.objectives.mlm import encoder_kwargs, masked_lm_sums
 
 HEAD = "first_token_head"
 
@@ -67,7 +67,8 @@ class MaskedLMWithFirstToken(Objective):
     def loss(self, params: Any, prepared: Batch, rng: jax.Array, state: Any,
              deterministic: bool = False) -> LossOutput:
         def forward(mdl: Any) -> tuple[jax.Array, jax.Array]:
-            h = mdl.encode(prepared["input_ids"], deterministic=deterministic).last_hidden_state
+            h = mdl.encode(prepared["input_ids"], deterministic=deterministic,
+                           **encoder_kwargs(prepared, use_lang_ids=False)).last_hidden_state
             return mdl.mlm_logits(h, prepared["target_positions"]), h[:, 0]
 
         mlm_logits, first_state = self.model.apply(
