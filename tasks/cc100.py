@@ -29,8 +29,8 @@ def register_cc100(
     rate_by: str = "tokens",
 ) -> registry.Registration:
     """Registers `{name_prefix}_{lang}` per language and the alpha-smoothed mixture
-    `{name_prefix}`. kind "mono" gives full-length segments (MLM), "veco" adjacent segment
-    pairs. The first call counts every file once (cached in `{data_dir}/xlm_jax_stats.json`).
+    `{name_prefix}`. kind "mono" gives full-length segments (MLM), "split_pair" adjacent
+    segments x, y (VECO). The first call counts every file once (cached in `{data_dir}/xlm_jax_stats.json`).
     """
     return registry.register_monolingual(
         name_prefix, data_dir, languages, spm_path, sequence_length=sequence_length,

@@ -3,12 +3,15 @@
 Mixtures (each with one task per language or pair, `{mixture}_{lang}` / `{mixture}_en_{xx}`),
 and one task (`demo_mixup`):
 
-  demo_mono            full-length monolingual segments (MMLM, MRTD), alpha = 0.3
-  demo_parallel        `<s> en </s></s> xx </s>` pairs, packed (TLM, TRTD, CAMLM), alpha = 0.3
-  demo_veco            adjacent monolingual segment pairs x, y (VECO), alpha = 0.3
-  demo_veco_parallel   x = a sentence, y = its translation (VECO), alpha = 0.3
-  demo_mixup           InfoXLM XLCo two-pair mixup examples (a single Task: each example
-                       joins pairs of two corpora drawn with alpha = 0.3)
+  name                 example kind  what an example holds
+  demo_mono            mono          full-length monolingual segments (MMLM, MRTD)
+  demo_parallel        pair          `<s> en </s></s> xx </s>` pairs, packed (TLM, TRTD, CAMLM)
+  demo_veco            split_pair    adjacent monolingual segments x, y (VECO)
+  demo_veco_parallel   split_pair    x = a sentence, y = its translation (VECO)
+  demo_mixup           mixup_pair    InfoXLM XLCo two-pair mixup examples (a single Task: each
+                                     example joins pairs of two corpora)
+
+Every mixture and the mixup draw use alpha = 0.3.
 
 The languages and pairs are those with files in `demo_data/mono` and `demo_data/parallel`;
 the vocabulary is `demo_data/spm.model`. Corpus sizes are counted on the first import and
@@ -44,12 +47,12 @@ def register_all() -> dict[str, registry.Registration]:
         raise FileNotFoundError(f"demo corpus missing: no mono/parallel files under {DEMO_DIR}")
     vocab = get_vocabulary(SPM_PATH)
     out = {}
-    for name, kind in (("demo_mono", "mono"), ("demo_veco", "veco")):
+    for name, kind in (("demo_mono", "mono"), ("demo_veco", "split_pair")):
         out[name] = registry.register_monolingual(
             name, MONO_DIR, LANGUAGES, vocab, sequence_length=SEQUENCE_LENGTH, alpha=ALPHA,
             kind=kind, shuffle_buffer_size=SHUFFLE_BUFFER)
-    for name, kind in (("demo_parallel", "pair"), ("demo_veco_parallel", "veco"),
-                       ("demo_mixup", "mixup")):
+    for name, kind in (("demo_parallel", "pair"), ("demo_veco_parallel", "split_pair"),
+                       ("demo_mixup", "mixup_pair")):
         out[name] = registry.register_parallel(
             name, PARALLEL_DIR, PAIRS, vocab, sequence_length=SEQUENCE_LENGTH, alpha=ALPHA,
             kind=kind, shuffle_buffer_size=SHUFFLE_BUFFER)

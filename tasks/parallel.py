@@ -34,8 +34,9 @@ def register_opus(
 ) -> registry.Registration:
     """Registers `{name_prefix}_{src}_{tgt}` per pair and the mixture `{name_prefix}`.
 
-    kind "pair": `<s> a </s></s> b </s>` (TLM/TRTD/CAMLM), packed several per row; "veco":
-    x/y rows (VECO bilingual); "mixup": InfoXLM XLCo two-pair mixup (needs >= 2 pairs).
+    kind "pair": `<s> a </s></s> b </s>` (TLM/TRTD/CAMLM), packed several per row;
+    "split_pair": x/y rows, a sentence and its translation (VECO bilingual, XLCo without
+    mixup); "mixup_pair": InfoXLM XLCo two-pair mixup (needs >= 2 pairs).
     """
     return registry.register_parallel(
         name_prefix, data_dir, pairs, spm_path, sequence_length=sequence_length, alpha=alpha,

@@ -176,7 +176,7 @@ def _trainer_cost() -> tuple[float, float, int]:
     objectives built exactly as `loop.build_objectives` builds them (each factory called with
     the model and its name), the mixture's shapes from `train.mixture`, the FLOPs from
     `train.flops.mixture_flops_per_token`. THE one function that reads trainer internals."""
-    from xlm_jax.data.features import PREFIXES
+    from xlm_jax.data.features import example_kind
     from xlm_jax.models.transformer import Transformer
     from xlm_jax.train import flops, mixture
 
@@ -186,6 +186,6 @@ def _trainer_cost() -> tuple[float, float, int]:
     objs = [spec.factory(model=net, name=name) for name, spec in kw["objectives"].items()]
     ordered = [shapes[o.name] for o in objs]
     fpt = flops.mixture_flops_per_token(objs, kw["seq_len"], ordered)
-    tokens = sum(s.batch_size * len(PREFIXES[o.kind]) * s.seq_len / s.every
+    tokens = sum(s.batch_size * len(example_kind(o.kind).prefixes) * s.seq_len / s.every
                  for o, s in zip(objs, ordered))
     return float(fpt), float(tokens), mixture.cycle_length(shapes)

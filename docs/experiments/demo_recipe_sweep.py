@@ -142,7 +142,7 @@ objs = [T.WeightedObjective(MaskedLM(net, "mmlm", "mono", a.mask, int(np.ceil(a.
 class PairContrast(Objective):
     """In-batch InfoNCE between mean-pooled sides of translation pairs (no queue, no momentum):
     an upper bound on what a sentence-level cross-lingual signal does to retrieval here."""
-    name, kind = "xlco", "veco"
+    name, kind = "xlco", "split_pair"
 
     def prepare(self, batch, rng):
         return batch
@@ -181,7 +181,7 @@ def pair_batch(bs, seq):
 if a.xlco_w > 0 and a.xlco_lib:
     from xlm_jax.objectives.xlco import XLCo
     objs.append(T.WeightedObjective(XLCo(
-        net, name="xlco", kind="veco", layer=None if a.xlco_layer < 0 else a.xlco_layer,
+        net, name="xlco", kind="split_pair", layer=None if a.xlco_layer < 0 else a.xlco_layer,
         temperature=a.xlco_tau, queue_size=a.xlco_q, momentum=a.xlco_m, mask_prob=a.mask,
         max_predictions=int(np.ceil(a.mask * (a.seq // 2))) + 2, pooling=a.xlco_pool,
         normalize=bool(a.xlco_norm), in_batch_negatives=bool(a.xlco_inbatch),

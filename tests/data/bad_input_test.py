@@ -140,7 +140,13 @@ def test_bad_registration_arguments(mono_dir, vocab):
         (lambda: registry.register_monolingual("bad-name", str(mono_dir), ["en"], vocab),
          "invalid name_prefix 'bad-name'"),
         (lambda: registry.register_monolingual("bad_k", str(mono_dir), ["en"], vocab,
-                                               kind="pair"), "unknown kind 'pair'"),
+                                               kind="pair"),
+         "register_monolingual('bad_k'): unknown kind 'pair': expected one of mono, split_pair "
+         "(old names: veco = split_pair)"),
+        (lambda: registry.register_parallel("bad_k", str(mono_dir), ["en-fr"], vocab,
+                                            kind="bilingual"),
+         "register_parallel('bad_k'): unknown kind 'bilingual': expected one of pair, "
+         "split_pair, mixup_pair (old names: veco = split_pair, mixup = mixup_pair)"),
         (lambda: registry.register_monolingual("bad_r", str(mono_dir), ["en"], vocab,
                                                rate_by="bytes"), "rate_by must be"),
         (lambda: registry.register_monolingual("bad_d", str(mono_dir), ["en", "en"], vocab),
@@ -148,7 +154,7 @@ def test_bad_registration_arguments(mono_dir, vocab):
         (lambda: registry.register_monolingual("bad_n", str(mono_dir), [], vocab),
          "no languages given"),
         (lambda: registry.register_parallel("bad_m", str(mono_dir), ["en-fr"], vocab,
-                                            kind="mixup"), "needs >= 2 pairs"),
+                                            kind="mixup_pair"), "needs >= 2 pairs"),
         (lambda: registry.register_parallel("bad_dp", str(mono_dir), ["en-fr", "en-fr"], vocab),
          "duplicate pairs"),
     ]
@@ -172,7 +178,7 @@ def test_bad_pipeline_arguments():
 
 
 def test_bad_synthetic_arguments():
-    for kwargs, text in (({"kind": "foo"}, "unknown kind 'foo'"),
+    for kwargs, text in (({"kind": "foo"}, "unknown example kind 'foo'"),
                          ({"seq_len": 4, "kind": "pair"}, "seq_len must be an int >= 6, got 4"),
                          ({"vocab_size": 5}, "vocab_size must be an int >= 6, got 5"),
                          ({"pad_fraction": 1.0}, "pad_fraction must be in [0, 1)")):
@@ -185,10 +191,10 @@ def test_bad_synthetic_arguments():
 
 def test_bad_converter_and_preprocessor_arguments(vocab):
     with pytest.raises(ValueError) as e:
-        converters.VecoPairConverter(pack=True)
-    assert "VecoPairConverter cannot pack" in one_line(e)
+        converters.SplitPairConverter(pack=True)
+    assert "SplitPairConverter cannot pack" in one_line(e)
     with pytest.raises(ValueError) as e:
-        converters.converter_for_kind("words")
+        converters.task_feature_lengths("words", 8)
     assert "unknown example kind 'words'" in one_line(e)
     ds = tf.data.Dataset.from_tensors({"text": tf.constant("x")})
     with pytest.raises(ValueError) as e:

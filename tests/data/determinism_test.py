@@ -32,7 +32,7 @@ REGISTER = textwrap.dedent("""
                                       alpha=0.5)
         registry.register_parallel("det_par", root + "/par", ["en-fr", "en-sw"], spm_path)
         registry.register_parallel("det_mix", root + "/par", ["en-fr", "en-sw"], spm_path,
-                                   kind="mixup")
+                                   kind="mixup_pair")
 """)
 
 HASH_SCRIPT = REGISTER + textwrap.dedent("""

@@ -121,9 +121,9 @@ def test_adjacent_segment_pairs_for_veco():
         ([0, 31, 32, 2], [0, 33, 2, 2]),
     ]  # the last chunk [40 </s>] cannot give y a token and is dropped
     assert all(r["x_lang_ids"] == [7] * 4 and r["y_pair_side"] == [1] * 4 for r in out)
-    conv = converters.VecoPairConverter()
+    conv = converters.SplitPairConverter()
     ds = prep.adjacent_segment_pairs(_ds(docs), {"x_input_ids": 6})
-    got = _rows(conv(ds, converters.task_feature_lengths("veco", 6)))
+    got = _rows(conv(ds, converters.task_feature_lengths("split_pair", 6)))
     # T = 6: body 4, chunks of 8: [10 11 12 </s> 20 21 </s> 30] [31 32 33 </s> 40 </s>]
     assert got[1]["x_input_ids"] == [0, 31, 32, 33, 2, 2]
     assert got[1]["y_input_ids"] == [0, 40, 2, 2, PAD, PAD]
@@ -309,8 +309,8 @@ def test_mixup_converter_pads_both_rows():
     ex = {"query_input_ids": [0, 10, 2, 2, 30, 2], "query_pair_side": [1, 1, 1, 2, 2, 2],
           "query_lang_ids": [5, 5, 5, 7, 7, 7], "key_input_ids": [0, 20, 2, 2, 40, 41, 2],
           "key_pair_side": [1, 1, 1, 2, 2, 2, 2], "key_lang_ids": [6, 6, 6, 8, 8, 8, 8]}
-    out = _rows(converters.MixupConverter()(_ds([ex]),
-                                            converters.task_feature_lengths("mixup", 8)))
+    out = _rows(converters.MixupPairConverter()(
+        _ds([ex]), converters.task_feature_lengths("mixup_pair", 8)))
     assert out[0]["query_input_ids"] == [0, 10, 2, 2, 30, 2, PAD, PAD]
     assert out[0]["key_positions"] == [0, 1, 2, 3, 4, 5, 6, 0]
     assert out[0]["key_segment_ids"] == [1] * 7 + [0]

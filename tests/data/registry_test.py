@@ -19,8 +19,8 @@ tf = pytest.importorskip("tensorflow")
 seqio = pytest.importorskip("seqio")
 pytest.importorskip("sentencepiece")
 
-from xlm_jax.data import converters, registry, sources  # noqa: E402
-from xlm_jax.data.features import language_index  # noqa: E402
+from xlm_jax.data import converters, registry, sources, stats_cache  # noqa: E402
+from xlm_jax.data.features import EXAMPLE_KINDS, example_kind, language_index  # noqa: E402
 from xlm_jax.data.pipeline import make_batch_iterator  # noqa: E402
 from xlm_jax.data.vocab import XLMRTokenizer, get_vocabulary  # noqa: E402
 
@@ -102,7 +102,8 @@ def test_register_monolingual_tasks_rates_and_stats(corpus):
     assert reg.rates == pytest.approx(want, abs=1e-12)
     assert registry.mixture_rates("rt_mono") == pytest.approx(
         {f"rt_mono_{k}": v for k, v in want.items()}, abs=1e-12)
-    assert registry.kind_of("rt_mono") == "mono" and registry.kind_of("rt_mono_fr") == "mono"
+    assert registry.provider_kind("rt_mono").name == "mono"
+    assert registry.provider_kind("rt_mono_fr") is example_kind("mono")
     # the stats JSON sits beside the data and holds the same numbers
     with open(os.path.join(corpus["mono"], registry.STATS_FILE)) as f:
         entries = json.load(f)["entries"]
@@ -141,7 +142,7 @@ def test_stats_go_to_user_cache_when_data_dir_is_read_only(corpus, monkeypatch, 
     mono = tmp_path / "ro"
     mono.mkdir()
     (mono / "en.txt").write_bytes((corpus["root"] / "mono" / "en.txt").read_bytes())
-    monkeypatch.setattr(registry, "_dir_writable", lambda path: False)
+    monkeypatch.setattr(stats_cache, "_dir_writable", lambda path: False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     registry.register_monolingual("rt_ro", str(mono), ["en"], corpus["vocab"])
     assert not (mono / registry.STATS_FILE).exists()
@@ -169,6 +170,41 @@ def test_registration_is_idempotent(corpus):
         registry.register_monolingual("rt_foreign", corpus["mono"], ["en"], corpus["vocab"])
 
 
+def test_every_example_kind_names_pieces_that_exist():
+    """The records name their TF-side pieces by module path (`features.Ref`): each resolves,
+    and each converter handles exactly its kind's rows."""
+    for kind in EXAMPLE_KINDS.values():
+        converter = kind.converter.load()
+        assert converter.PREFIXES == kind.prefixes, kind.name
+        assert set(converter.MODEL_FEATURES) == set(kind.features), kind.name
+        assert callable(kind.synthetic_rows.load()), kind.name
+        for ref in (kind.from_documents, kind.from_pairs):
+            assert ref is None or callable(ref.load()), kind.name
+
+
+def test_the_kind_of_a_provider_is_the_one_recorded(corpus):
+    """A plain seqio Mixture over registered Tasks has their kind; Tasks of two kinds in one
+    Mixture, or a Task registered without a kind, are one-line errors (no guessing)."""
+    registry.register_monolingual("rt_pk", corpus["mono"], ["en", "fr"], corpus["vocab"])
+    registry.register_parallel("rt_pk_par", corpus["par"], ["en-fr"], corpus["vocab"])
+    for name, members in (("rt_pk_plain", ["rt_pk_en", "rt_pk_fr"]),
+                          ("rt_pk_mixed", ["rt_pk_en", "rt_pk_par_en_fr"])):
+        if name not in seqio.MixtureRegistry.names():
+            seqio.MixtureRegistry.add(name, [(m, 1.0) for m in members])
+    assert registry.provider_kind("rt_pk_plain") is example_kind("mono")
+    with pytest.raises(ValueError, match=r"^mixture rt_pk_mixed: its tasks have different "
+                                         r"example kinds \(rt_pk_en: mono, rt_pk_par_en_fr: "
+                                         r"pair\)$"):
+        registry.provider_kind("rt_pk_mixed")
+    task = seqio.TaskRegistry.get("rt_pk_en")
+    if "rt_pk_foreign" not in seqio.TaskRegistry.names():
+        seqio.TaskRegistry.add("rt_pk_foreign", source=task.source,
+                               output_features=task.output_features)
+    with pytest.raises(ValueError, match=r"^task rt_pk_foreign records no example kind: .*"
+                                         r"xlm_jax_kind=KIND, KIND one of mono, pair, "):
+        registry.provider_kind("rt_pk_foreign")
+
+
 def test_register_parallel_layouts_and_orientation(corpus):
     reg = registry.register_parallel("rt_par", corpus["par"], ["en-fr", "en-sw", ("en", "de")],
                                      corpus["vocab"], alpha=0.7, random_order=False)
@@ -194,12 +230,15 @@ def test_register_parallel_layouts_and_orientation(corpus):
             + [language_index(tgt, languages)] * (len(b) + 2))
 
 
-def test_parallel_kinds_veco_and_mixup(corpus):
-    veco = registry.register_parallel("rt_vp", corpus["par"], ["en-fr", "en-sw"],
-                                      corpus["vocab"], kind="veco")
-    assert registry.kind_of(veco.mixture) == "veco"
+def test_parallel_kinds_split_pair_and_mixup_pair(corpus):
+    split = registry.register_parallel("rt_vp", corpus["par"], ["en-fr", "en-sw"],
+                                       corpus["vocab"], kind="split_pair")
+    assert split.kind == "split_pair" and registry.provider_kind(split.mixture).name == "split_pair"
+    # the old name is an alias: the same registration, recorded under the new name
+    assert registry.register_parallel("rt_vp", corpus["par"], ["en-fr", "en-sw"],
+                                      corpus["vocab"], kind="veco") == split
     mix = registry.register_parallel("rt_mix", corpus["par"], ["en-fr", "en-sw", "en-de"],
-                                     corpus["vocab"], kind="mixup", alpha=1.0)
+                                     corpus["vocab"], kind="mixup_pair", alpha=1.0)
     assert isinstance(registry.get_provider("rt_mix"), seqio.Task)  # one task, no mixture
     batch = next(make_batch_iterator("rt_mix", 64, 48, seed=0))
     languages = registry.default_language_list()
@@ -330,7 +369,7 @@ def demo():
 
 def _first_example(task_name, length=32):
     task = seqio.TaskRegistry.get(task_name)
-    kind = registry.kind_of(task)
+    kind = registry.provider_kind(task)
     ds = task.get_dataset(converters.task_feature_lengths(kind, length), shuffle=False)
     return kind, next(ds.as_numpy_iterator())
 
@@ -366,8 +405,7 @@ def test_demo_tasks_yield_examples_sample(demo):
         smallest = min(members, key=lambda m: reg.stats[m].tokens)
         for member in {smallest}:
             kind, ex = _first_example(reg.tasks[member])
-            ids = ex[("x_" if kind == "veco" else "query_" if kind == "mixup" else "")
-                     + "input_ids"]
+            ids = ex[kind.prefixes[0] + "input_ids"]
             assert ids[0] == 0 and (ids != 1).sum() > 3, reg.tasks[member]
 
 
@@ -377,5 +415,4 @@ def test_every_demo_task_yields_examples(demo):
     names = sorted({n for reg in demo.REGISTRATIONS.values() for n in reg.tasks.values()})
     for name in names:
         kind, ex = _first_example(name)
-        assert ex[("x_" if kind == "veco" else "query_" if kind == "mixup" else "")
-                  + "input_ids"][0] == 0, name
+        assert ex[kind.prefixes[0] + "input_ids"][0] == 0, name

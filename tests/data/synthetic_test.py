@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from xlm_jax.data import synthetic
-from xlm_jax.data.features import feature_names
+from xlm_jax.data.features import example_kind, feature_names
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-KINDS = ("mono", "pair", "veco", "mixup")
-PREFIXES = {"mono": [""], "pair": [""], "veco": ["x_", "y_"], "mixup": ["query_", "key_"]}
+KINDS = ("mono", "pair", "split_pair", "mixup_pair")
+PREFIXES = {"mono": [""], "pair": [""], "split_pair": ["x_", "y_"],
+            "mixup_pair": ["query_", "key_"]}
+PAIR_ROWS = ("pair", "mixup_pair")  # rows of `<s> a </s></s> b </s>` pairs
 
 
 def check_rows(batch, prefix, vocab_size, pair_format, eos_inside=False):
@@ -65,11 +67,29 @@ def test_synthetic_layout(kind):
     assert sorted(batch) == sorted(feature_names(kind))
     assert all(v.shape == (16, 64) and v.dtype == np.int32 for v in batch.values())
     for prefix in PREFIXES[kind]:
-        n = check_rows(batch, prefix, 1000, pair_format=kind in ("pair", "mixup"))
+        n = check_rows(batch, prefix, 1000, pair_format=kind in PAIR_ROWS)
         assert n >= 16
         assert batch[prefix + "lang_ids"].max() <= 5
     if kind == "pair":  # packed: several pairs per row
         assert (batch["segment_ids"].max(axis=1) > 1).any()
+
+
+def test_old_kind_names_are_aliases_of_the_same_records():
+    """`veco` and `mixup` (the names before) give exactly the batches of split_pair and
+    mixup_pair: they resolve to the same records."""
+    for old, new in (("veco", "split_pair"), ("mixup", "mixup_pair")):
+        assert example_kind(old) is example_kind(new)
+        a = synthetic.synthetic_batch(4, 16, 100, old, seed=5)
+        b = synthetic.synthetic_batch(4, 16, 100, new, seed=5)
+        assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_unknown_kind_is_a_one_line_error_naming_the_valid_kinds():
+    with pytest.raises(ValueError) as e:
+        synthetic.synthetic_batch(4, 16, 100, "bilingual")
+    assert str(e.value) == (
+        "synthetic_batch: unknown example kind 'bilingual': expected one of mono, pair, "
+        "split_pair, mixup_pair (old names: veco = split_pair, mixup = mixup_pair)")
 
 
 def test_pad_fraction_and_full_rows():
@@ -85,9 +105,9 @@ def test_deterministic_and_resumable():
     c = synthetic.synthetic_batch(4, 32, 100, "pair", seed=2)
     assert all(np.array_equal(a[k], b[k]) for k in a)
     assert not np.array_equal(a["input_ids"], c["input_ids"])
-    stream = synthetic.synthetic_batches(4, 32, 100, "veco", seed=9)
+    stream = synthetic.synthetic_batches(4, 32, 100, "split_pair", seed=9)
     first = [next(stream) for _ in range(6)]
-    resumed = synthetic.synthetic_batches(4, 32, 100, "veco", seed=9, start_step=4)
+    resumed = synthetic.synthetic_batches(4, 32, 100, "split_pair", seed=9, start_step=4)
     for k in (4, 5):
         got = next(resumed)
         assert all(np.array_equal(got[key], first[k][key]) for key in got)
@@ -128,19 +148,19 @@ def test_real_converted_batches_follow_the_same_contract(tmp_path, train_xlmr_sp
         (tmp_path / f"en-{tgt}.en").write_text("".join(a + "\n" for a, _ in pairs))
         (tmp_path / f"en-{tgt}.{tgt}").write_text("".join(b + "\n" for _, b in pairs))
     registry.register_monolingual("syn_mono", str(tmp_path), ["en", "fr"], spm_path)
-    registry.register_monolingual("syn_veco", str(tmp_path), ["en", "fr"], spm_path,
-                                  kind="veco")
+    registry.register_monolingual("syn_split", str(tmp_path), ["en", "fr"], spm_path,
+                                  kind="split_pair")
     registry.register_parallel("syn_pair", str(tmp_path), ["en-fr", "en-de"], spm_path)
     registry.register_parallel("syn_mixup", str(tmp_path), ["en-fr", "en-de"], spm_path,
-                               kind="mixup")
+                               kind="mixup_pair")
     vocab_size = registry.get_provider("syn_mono_en").output_features["input_ids"] \
         .vocabulary.vocab_size
-    for kind, name in (("mono", "syn_mono"), ("veco", "syn_veco"), ("pair", "syn_pair"),
-                       ("mixup", "syn_mixup")):
+    for kind, name in (("mono", "syn_mono"), ("split_pair", "syn_split"), ("pair", "syn_pair"),
+                       ("mixup_pair", "syn_mixup")):
         batch = next(make_batch_iterator(name, 8, 48, seed=0))
         assert sorted(batch) == sorted(feature_names(kind))
         for prefix in PREFIXES[kind]:
-            check_rows(batch, prefix, vocab_size, pair_format=kind in ("pair", "mixup"),
-                       eos_inside=kind in ("mono", "veco"))
+            check_rows(batch, prefix, vocab_size, pair_format=kind in PAIR_ROWS,
+                       eos_inside=kind not in PAIR_ROWS)
         if kind == "pair":
             assert (batch["segment_ids"].max(axis=1) > 1).any()

@@ -30,7 +30,7 @@ def _veco_params():
 
 def test_nlu_encoder_reproduces_the_is_mlm_pass_exactly():
     obj, params = _veco_params()
-    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(3, 16, 64, "veco", seed=2).items()}
+    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(3, 16, 64, "split_pair", seed=2).items()}
     prep = obj.prepare(batch, jax.random.PRNGKey(1))
     is_x = obj.encode(params, prep, "x", jax.random.PRNGKey(0), True)
     cfg, enc = nlu_encoder(CFG, params["encoder"])

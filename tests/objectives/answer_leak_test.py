@@ -75,7 +75,7 @@ def _veco(**kw):
     net = Transformer(get_config("tiny", cross_attention=True, **BASE))
     obj = VariableMLM(net, mask_prob=0.25, max_predictions=needed_predictions(0.25, 16), **kw)
     params = nn.meta.unbox(init_params(net, [WeightedObjective(obj)], 16, jax.random.PRNGKey(0)))
-    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(6, 16, V, "veco", seed=2).items()}
+    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(6, 16, V, "split_pair", seed=2).items()}
 
     @jax.jit
     def logits(prep):

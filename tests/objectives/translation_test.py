@@ -30,7 +30,7 @@ def _setup(cfg=CFG, **kw):
     net = Transformer(cfg)
     obj = Translation(net, decoder_layers=2, **kw)
     params = nn.meta.unbox(init_params(net, [WeightedObjective(obj)], 16, jax.random.PRNGKey(0)))
-    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(3, 12, V, "veco", seed=1,
+    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(3, 12, V, "split_pair", seed=1,
                                                            num_languages=3).items()}
     return obj, params, obj.prepare(batch, jax.random.PRNGKey(0))
 
@@ -153,7 +153,7 @@ def test_language_tokens_open_each_row_with_its_language():
     padding rows keep their padding; a listed language missing from the run's list, and a task
     language without a token, are errors naming the language."""
     obj, _, prep = _setup(TOKEN_CFG, language_tokens=TOKENS)
-    raw = synthetic_batch(3, 12, V, "veco", seed=1, num_languages=3)
+    raw = synthetic_batch(3, 12, V, "split_pair", seed=1, num_languages=3)
     for side in ("x_", "y_"):
         ids, lang = np.asarray(prep[side + "input_ids"]), raw[side + "lang_ids"][:, 0]
         live = raw[side + "segment_ids"][:, 0] > 0

@@ -23,7 +23,7 @@ def _setup(mask_prob=0.25, length=16, seed=1):
     obj = VariableMLM(NET, mask_prob=mask_prob, max_predictions=needed_predictions(mask_prob,
                                                                                     length))
     params = nn.meta.unbox(init_params(NET, [WeightedObjective(obj)], 16, jax.random.PRNGKey(0)))
-    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(4, length, V, "veco", seed=seed).items()}
+    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(4, length, V, "split_pair", seed=seed).items()}
     return obj, params, obj.prepare(batch, jax.random.PRNGKey(3))
 
 
@@ -103,7 +103,7 @@ def test_the_cs_pass_is_exactly_causal():
 
 def test_max_predictions_too_small_for_the_rate_fails_naming_the_values():
     obj = VariableMLM(NET, mask_prob=0.25, max_predictions=4)
-    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(2, 16, V, "veco", seed=0).items()}
+    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(2, 16, V, "split_pair", seed=0).items()}
     with pytest.raises(ValueError, match=r"VariableMLM\(name='veco'\): mask_prob=0.25 can select "
                                          r"up to 5 tokens in a row of 16, more than "
                                          r"max_predictions=4; set max_predictions >= 5"):

@@ -44,7 +44,8 @@ def _numpy_rep(net, params, ids, layer):
 
 
 @pytest.mark.parametrize("kind, normalize, in_batch", [
-    ("mixup", False, False), ("veco", False, False), ("mixup", True, False), ("veco", True, True)])
+    ("mixup_pair", False, False), ("split_pair", False, False), ("mixup_pair", True, False),
+    ("split_pair", True, True)])
 def test_loss_is_infonce_against_the_queue(kind, normalize, in_batch):
     net, obj, params = _setup(kind=kind, layer=2, temperature=0.25, mask_prob=0.0,
                               normalize=normalize, in_batch_negatives=in_batch)
@@ -78,10 +79,10 @@ def test_loss_is_infonce_against_the_queue(kind, normalize, in_batch):
 
 
 def test_mean_pooling_without_projection_uses_the_rows_tokens():
-    net, obj, params = _setup(kind="veco", layer=1, mask_prob=0.0, pooling="mean",
+    net, obj, params = _setup(kind="split_pair", layer=1, mask_prob=0.0, pooling="mean",
                               queue_size=4, projection_dim=0)
     assert obj.modules() == {} and params["objectives"] == {}
-    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(2, 12, 64, kind="veco", seed=0).items()}
+    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(2, 12, 64, kind="split_pair", seed=0).items()}
     vec = obj.represent(params, batch, "y_", jax.random.PRNGKey(0), True)
     h = np.asarray(net.apply({"params": params["encoder"]}, batch["y_input_ids"],
                              return_hidden_states=True,
@@ -94,7 +95,7 @@ def test_mean_pooling_without_projection_uses_the_rows_tokens():
 
 def test_loss_is_off_until_the_queue_is_full():
     net, obj, params = _setup(mask_prob=0.0)
-    batch = synthetic_batch(4, 16, 64, kind="mixup", seed=0)
+    batch = synthetic_batch(4, 16, 64, kind="mixup_pair", seed=0)
     state = nn.meta.unbox(obj.init_state(params))
     for filled, expect_zero in ((0, True), (4, True), (8, False)):
         state = {**state, "filled": jnp.int32(filled)}
@@ -133,7 +134,7 @@ def test_collapsed_vectors_score_no_hits():
     net, obj, params = _setup(mask_prob=0.0, in_batch_negatives=True, queue_size=0)
     state = nn.meta.unbox(obj.init_state(params))
     zero = jax.tree_util.tree_map(jnp.zeros_like, params)  # every vector is 0: all logits tie
-    batch = synthetic_batch(4, 16, 64, kind="mixup", seed=0)
+    batch = synthetic_batch(4, 16, 64, kind="mixup_pair", seed=0)
     out = obj.loss(zero, batch, jax.random.PRNGKey(1), {**state, "key_params": zero}, True)
     assert float(out.metrics["accuracy"].value()) == 0.0
     assert float(out.losses["loss"]) == pytest.approx(4 * np.log(4), rel=1e-5)
@@ -149,7 +150,7 @@ def test_queue_must_take_whole_batches():
 
 def test_both_rows_are_masked_and_specials_kept():
     net, obj, _ = _setup(mask_prob=0.15, max_predictions=12)
-    batch = synthetic_batch(64, 32, 64, kind="mixup", seed=1)
+    batch = synthetic_batch(64, 32, 64, kind="mixup_pair", seed=1)
     prepared = obj.prepare({k: jnp.asarray(v) for k, v in batch.items()}, jax.random.PRNGKey(0))
     for prefix in ("query_", "key_"):
         before = batch[prefix + "input_ids"]
@@ -165,7 +166,7 @@ def test_both_rows_are_masked_and_specials_kept():
 
 
 @pytest.mark.parametrize("kw, match", [
-    ({"kind": "pair"}, r"kind='pair' must be one of mixup, veco"),
+    ({"kind": "pair"}, r"kind='pair' must be one of mixup_pair, split_pair"),
     ({"projection_dim": -1}, r"projection_dim=-1 is out of range"),
     ({"layer": 4}, r"layer=4 is outside 0..3"),
     ({"temperature": 0.0}, r"temperature=0.0 is out of range"),
@@ -182,7 +183,7 @@ def test_padding_rows_never_enter_the_queue():
     """A batch with padding rows (query and key rows all `<pad>`) fills the queue with the keys
     of its real rows only, in row order, and the fill count counts only them."""
     net, obj, params = _setup(queue_size=8, mask_prob=0.0)
-    batch = {k: np.array(v) for k, v in synthetic_batch(4, 16, 64, kind="mixup", seed=0).items()}
+    batch = {k: np.array(v) for k, v in synthetic_batch(4, 16, 64, kind="mixup_pair", seed=0).items()}
     pad_rows = [1, 3]
     for k in batch:
         batch[k][pad_rows] = PAD_ID if k.endswith("input_ids") else 0

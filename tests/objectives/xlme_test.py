@@ -123,7 +123,7 @@ def test_discriminator_loss_sends_no_gradient_to_the_generator():
     ({"generator_layers": 4}, r"generator_layers=4 is deeper than the discriminator \(3"),
     ({"generator_hidden_size": 64}, r"generator_hidden_size=64 is wider than the discrimin"),
     ({"rtd_weight": -1.0}, r"rtd_weight=-1.0 \(lambda\) must be >= 0"),
-    ({"kind": "veco"}, r"kind='veco' must be one of mono, pair"),
+    ({"kind": "split_pair"}, r"kind='split_pair' must be one of mono, pair"),
     ({"generator_position_type": "rotary"}, r"generator_position_type='rotary'"),
 ])
 def test_bad_settings_are_named(kw, match):

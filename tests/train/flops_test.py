@@ -75,9 +75,9 @@ CASES = {
                   {"num_languages": 4}),
     "btmlm": (lambda n: BackTranslationMLM(n, target_languages=["a", "b"], proportion=0.2,
                                            max_predictions=3), "mono", {"num_languages": 4}),
-    "veco": (lambda n: VariableMLM(n, max_predictions=5, mask_prob=0.25), "veco",
+    "veco": (lambda n: VariableMLM(n, max_predictions=5, mask_prob=0.25), "split_pair",
              {"cross_attention": True}),
-    "translation": (lambda n: Translation(n, decoder_layers=1), "veco",
+    "translation": (lambda n: Translation(n, decoder_layers=1), "split_pair",
                     {"cross_attention": True, "num_languages": 4}),
 }
 
@@ -93,7 +93,7 @@ def test_counted_flops_equal_the_dot_products_of_the_gradient(name):
 def test_xlco_counts_all_but_the_batch_dependent_scores():
     net = Transformer(get_config("tiny", **BASE))
     obj = XLCo(net, projection_dim=8, queue_size=4, in_batch_negatives=True, mask_prob=0.0)
-    counted, measured = B * obj.flops_per_example(T), _measured(obj, "mixup")
+    counted, measured = B * obj.flops_per_example(T), _measured(obj, "mixup_pair")
     scores = 2.0 * 2 * B * (B + 4) * 8  # q k^T and q queue^T, forward + d/dq
     np.testing.assert_allclose(counted + scores, measured, rtol=1e-9)
 

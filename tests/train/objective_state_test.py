@@ -26,10 +26,10 @@ def _with_xlco(queue_size=16, momentum=0.9, **kw):
     queue of 16 after 2 steps."""
     specs = mlm_objectives()
     specs["xlco"] = loop.ObjectiveSpec(
-        factory=lambda model, name: XLCo(model, name=name, kind="mixup", layer=1,
+        factory=lambda model, name: XLCo(model, name=name, kind="mixup_pair", layer=1,
                                          queue_size=queue_size, momentum=momentum,
                                          projection_dim=16, **kw),
-        task="synthetic:mixup")
+        task="synthetic:mixup_pair")
     return specs
 
 

@@ -92,17 +92,17 @@ def test_veco_from_xlmr_trains_the_cross_attention_first():
 # "-TLM-Momentum" remove TLM too. XLM-E Table 2 (§4.3) is cumulative: "-TRTD", then
 # "-TRTD -Gated relative position bias". ERNIE-M Table 6 (§4.3): see the test above.
 INFOXLM15 = "runs/infoxlm_ablations/"
-MIXUP = {"xlco/xlco.XLCo.kind": "mixup", "%XLCO_MOMENTUM": 0.999}
+MIXUP = {"xlco/xlco.XLCo.kind": "mixup_pair", "%XLCO_MOMENTUM": 0.999}
 ABLATIONS = {
     INFOXLM15 + "infoxlm15.gin": ("Table 7", "INFOXLM15", {"mmlm", "tlm", "xlco"}, 100000,
                                   MIXUP),
     INFOXLM15 + "no_xlco.gin": ("Table 7", "-XLCo", {"mmlm", "tlm"}, 100000, {}),
     INFOXLM15 + "no_tlm.gin": ("Table 7", "-TLM", {"mmlm", "xlco"}, 100000, MIXUP),
     INFOXLM15 + "no_tlm_no_mixup.gin": ("Table 7", "-TLM-Mixup", {"mmlm", "xlco"}, 100000,
-                                        {"xlco/xlco.XLCo.kind": "veco",
+                                        {"xlco/xlco.XLCo.kind": "split_pair",
                                          "%XLCO_MOMENTUM": 0.999}),
     INFOXLM15 + "no_tlm_no_momentum.gin": ("Table 7", "-TLM-Momentum", {"mmlm", "xlco"}, 100000,
-                                           {"xlco/xlco.XLCo.kind": "mixup",
+                                           {"xlco/xlco.XLCo.kind": "mixup_pair",
                                             "%XLCO_MOMENTUM": 0.0}),
     INFOXLM15 + "no_tlm_no_xlco.gin": ("Table 7", "-TLM-XLCo", {"mmlm"}, 100000, {}),
     "runs/xlme_base_no_trtd.gin": ("Table 2", "-TRTD", {"mrtd"}, 125000,

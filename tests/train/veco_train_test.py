@@ -14,7 +14,7 @@ MODEL = {"cross_attention": True}
 
 def _veco():
     return {"veco": loop.ObjectiveSpec(factory=lambda model, name: VariableMLM(
-        model, name=name, mask_prob=0.25, max_predictions=9), task="synthetic:veco")}
+        model, name=name, mask_prob=0.25, max_predictions=9), task="synthetic:split_pair")}
 
 
 def _state(model_dir):
@@ -81,7 +81,7 @@ def test_translation_starts_from_a_veco_checkpoint_and_trains(tmp_path):
     _train(tmp_path / "veco", 1, model=MODEL, objectives=_veco())
     veco = _state(tmp_path / "veco")["params"]["encoder"]["layers_1"]
     spec = {"translate": loop.ObjectiveSpec(factory=lambda model, name: Translation(
-        model, name=name, decoder_layers=1), task="synthetic:veco")}
+        model, name=name, decoder_layers=1), task="synthetic:split_pair")}
     _train(tmp_path / "mt", 2, model={**MODEL, "num_languages": 4, "language_init": "zeros"},
            objectives=spec, init_from=str(tmp_path / "veco"), save_initial=True)
     start = _state_at(tmp_path / "mt", 0)["params"]

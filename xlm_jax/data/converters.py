@@ -2,8 +2,8 @@
 
 Task features (what the preprocessors emit, variable length, int32):
   mono / pair   `input_ids`, `pair_side`, `lang_ids`
-  veco          `x_*` and `y_*` copies of those three
-  mixup         `query_*` and `key_*` copies
+  split_pair    `x_*` and `y_*` copies of those three
+  mixup_pair    `query_*` and `key_*` copies
 
 Model features (int32, exactly [T]): the five features of `xlm_jax.data.features` —
 `input_ids` (pad 1), `positions`, `segment_ids`, `pair_side`, `lang_ids` — with the same
@@ -12,8 +12,11 @@ counting non-zero ids, so these converters pad and pack themselves.
 
   MonolingualConverter  one example per row, padded (pack=True packs short ones instead)
   PairConverter         packs pairs greedily into rows (pack=False: one pair per row)
-  VecoPairConverter     x and y rows, each padded (no packing: rows are aligned)
-  MixupConverter        query and key rows, each padded (no packing: one `<s>` per row)
+  SplitPairConverter    x and y rows, each padded (no packing: rows are aligned)
+  MixupPairConverter    query and key rows, each padded (no packing: one `<s>` per row)
+
+Each kind's record names its converter (`features.ExampleKind.converter`):
+`example_kind(kind).converter(pack=...)` builds one.
 """
 
 from __future__ import annotations
@@ -24,14 +27,13 @@ import seqio
 import tensorflow as tf
 
 from xlm_jax.data import preprocessors
-from xlm_jax.data.features import FEATURES, PREFIXES as KIND_PREFIXES, feature_names
+from xlm_jax.data.features import FEATURES, ExampleKind, example_kind
 
 __all__ = [
     "MonolingualConverter",
     "PairConverter",
-    "VecoPairConverter",
-    "MixupConverter",
-    "converter_for_kind",
+    "SplitPairConverter",
+    "MixupPairConverter",
     "task_feature_lengths",
 ]
 
@@ -87,51 +89,39 @@ class _XlmConverter(seqio.FeatureConverter):
 class MonolingualConverter(_XlmConverter):
     """Full-length monolingual segments: one per row, padded to T (see module docstring)."""
 
-    TASK_FEATURES = _task_specs(KIND_PREFIXES["mono"])
-    MODEL_FEATURES = _model_specs(KIND_PREFIXES["mono"])
+    TASK_FEATURES = _task_specs(example_kind("mono").prefixes)
+    MODEL_FEATURES = _model_specs(example_kind("mono").prefixes)
 
 
 class PairConverter(_XlmConverter):
     """Sentence pairs packed greedily into rows of T (segment_ids 1..k, positions restart)."""
 
-    TASK_FEATURES = _task_specs(KIND_PREFIXES["pair"])
-    MODEL_FEATURES = _model_specs(KIND_PREFIXES["pair"])
+    TASK_FEATURES = _task_specs(example_kind("pair").prefixes)
+    MODEL_FEATURES = _model_specs(example_kind("pair").prefixes)
 
     def __init__(self, pack: bool = True, **kwargs):
         super().__init__(pack=pack, **kwargs)
 
 
-class VecoPairConverter(_XlmConverter):
-    """VECO examples: aligned `x_*` and `y_*` rows, each padded to its length."""
+class SplitPairConverter(_XlmConverter):
+    """split_pair examples: aligned `x_*` and `y_*` rows, each padded to its length."""
 
-    PREFIXES = KIND_PREFIXES["veco"]
+    PREFIXES = example_kind("split_pair").prefixes
     PACKABLE = False
     TASK_FEATURES = _task_specs(PREFIXES)
     MODEL_FEATURES = _model_specs(PREFIXES)
 
 
-class MixupConverter(_XlmConverter):
-    """XLCo mixup examples: aligned `query_*` and `key_*` rows, each padded to its length."""
+class MixupPairConverter(_XlmConverter):
+    """mixup_pair examples: aligned `query_*` and `key_*` rows, each padded to its length."""
 
-    PREFIXES = KIND_PREFIXES["mixup"]
+    PREFIXES = example_kind("mixup_pair").prefixes
     PACKABLE = False
     TASK_FEATURES = _task_specs(PREFIXES)
     MODEL_FEATURES = _model_specs(PREFIXES)
 
 
-_CONVERTERS = {"mono": MonolingualConverter, "pair": PairConverter, "veco": VecoPairConverter,
-               "mixup": MixupConverter}
-
-
-def converter_for_kind(kind: str, **kwargs) -> seqio.FeatureConverter:
-    """The converter instance for an example kind (`mono`, `pair`, `veco`, `mixup`)."""
-    if kind not in _CONVERTERS:
-        raise ValueError(f"unknown example kind {kind!r}: expected one of {sorted(_CONVERTERS)}")
-    return _CONVERTERS[kind](**kwargs)
-
-
-def task_feature_lengths(kind: str, sequence_length: int) -> dict[str, int]:
+def task_feature_lengths(kind: str | ExampleKind, sequence_length: int) -> dict[str, int]:
     """`{task feature: sequence_length}` for every task feature of `kind`."""
-    names = [n for n in feature_names(kind)
-             if n.endswith(preprocessors.TOKEN_FEATURES)]
-    return {n: int(sequence_length) for n in names}
+    return {p + k: int(sequence_length) for p in example_kind(kind).prefixes
+            for k in preprocessors.TOKEN_FEATURES}

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from xlm_jax import cli_help
-from xlm_jax.data.features import BOS_ID, EOS_ID, PAD_ID, PREFIXES, UNK_ID
+from xlm_jax.data.features import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ExampleKind, example_kind
 
 __all__ = ["MemberFrequency", "format_example", "mixture_frequencies", "main"]
 
@@ -50,11 +50,11 @@ def _piece(vocab, token_id: int) -> str:
     return vocab.decode([token_id])
 
 
-def format_example(example: dict[str, np.ndarray], kind: str, vocab,
+def format_example(example: dict[str, np.ndarray], kind: str | ExampleKind, vocab,
                    languages: Sequence[str] = ()) -> str:
     """One aligned table per row of a converted example (padding omitted, then counted)."""
     lines = []
-    for prefix in PREFIXES[kind]:
+    for prefix in example_kind(kind).prefixes:
         ids = example[prefix + "input_ids"]
         real = np.nonzero(example[prefix + "segment_ids"])[0]
         n = int(real[-1]) + 1 if real.size else 0
@@ -99,15 +99,15 @@ def print_examples(name: str, n: int, sequence_length: int, seed: int) -> None:
     from xlm_jax.data import converters, registry  # pylint: disable=g-import-not-at-top
 
     provider = registry.get_provider(name)
-    kind = registry.kind_of(provider)
+    kind = registry.provider_kind(provider)
     tasks = provider.tasks if isinstance(provider, seqio.Mixture) else [provider]
-    vocab = tasks[0].output_features[PREFIXES[kind][0] + "input_ids"].vocabulary
+    vocab = tasks[0].output_features[kind.prefixes[0] + "input_ids"].vocabulary
     languages = getattr(tasks[0], "xlm_jax_languages", ())
     ds = seqio.get_dataset(provider, converters.task_feature_lengths(kind, sequence_length),
-                           converters.converter_for_kind(kind), shuffle=True, seed=seed,
+                           kind.converter(), shuffle=True, seed=seed,
                            num_epochs=None, verbose=False)
     for i, ex in enumerate(ds.take(n).as_numpy_iterator()):
-        print(f"example {i} of {name} (kind {kind}, length {sequence_length})")
+        print(f"example {i} of {name} (kind {kind.name}, length {sequence_length})")
         print(format_example(ex, kind, vocab, languages))
 
 
@@ -130,7 +130,7 @@ def mixture_frequencies(name: str, num_examples: int, sequence_length: int = 64,
     if num_examples < 1:
         raise ValueError(f"--stats must be >= 1, got {num_examples}")
     provider = registry.get_provider(name)
-    kind = registry.kind_of(provider)
+    kind = registry.provider_kind(provider)
     expected = registry.mixture_rates(name)
     lengths = converters.task_feature_lengths(kind, sequence_length)
     kwargs = dict(sequence_length=lengths, split="train", shuffle=True, seed=seed,

@@ -156,12 +156,12 @@ def _batched_dataset(name: str, batch_size: int, sequence_length: int, seed: int
     from xlm_jax.data import converters, registry  # pylint: disable=g-import-not-at-top
 
     provider = registry.get_provider(name)
-    kind = registry.kind_of(provider)
+    kind = registry.provider_kind(provider)
     shard_info = seqio.ShardInfo(shard_index, num_shards) if num_shards > 1 else None
     ds = seqio.get_dataset(
         provider,
         task_feature_lengths=converters.task_feature_lengths(kind, sequence_length),
-        feature_converter=converters.converter_for_kind(kind),
+        feature_converter=kind.converter(),
         dataset_split="train",
         shuffle=True,
         num_epochs=None,

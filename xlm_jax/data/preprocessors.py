@@ -11,7 +11,7 @@ Example formats produced (before the feature converter pads/packs them to static
                         (sentences concatenated, `</s>` after every document) cut into pieces
                         of T-2 tokens, so segments cross document boundaries (XLM-R/RoBERTa
                         "full sentences"). pair_side = 1, lang_ids = the language.
-  VECO adjacent pair    x = segment 2i, y = segment 2i+1 of that stream (same format).
+  adjacent split pair   x = segment 2i, y = segment 2i+1 of that stream (same format; VECO).
   parallel pair         `<s> a </s></s> b </s>`; (a, b) is (src, tgt) or, with probability 1/2
                         when `random_order`, (tgt, src). pair_side is 1 on `<s> a </s>` and 2 on
                         `</s> b </s>`; lang_ids is the language of each side on its tokens.
@@ -41,6 +41,9 @@ __all__ = [
     "parallel_pairs",
     "veco_parallel_pairs",
     "mixup_pairs",
+    "pair_examples",
+    "split_pair_examples",
+    "mixup_pair_examples",
     "pack_numpy",
     "pack_dataset",
     "add_task_name",
@@ -470,6 +473,34 @@ def finalize_unpacked(ex: Mapping[str, tf.Tensor], length: int, prefix: str = ""
         prefix + "pair_side": padded(tf.cast(ex[prefix + "pair_side"], tf.int32), 0),
         prefix + "lang_ids": padded(tf.cast(ex[prefix + "lang_ids"], tf.int32), 0),
     }
+
+
+# ----------------------------------------------------------------------------- per-kind builders
+# What `registry.register_parallel` runs for each example kind that is built from translation
+# pairs (`features.ExampleKind.from_pairs`): the tokenize keys {text feature: ids feature}
+# and the preprocessor that makes examples of the ids.
+
+_PAIR_KEYS = {"src": "src_ids", "tgt": "tgt_ids"}
+
+
+def pair_examples(max_side_length: int, max_total_length: int, random_order: bool):
+    """Kind pair: `parallel_pairs`."""
+    return dict(_PAIR_KEYS), bind(parallel_pairs, max_side_length=max_side_length,
+                                  max_total_length=max_total_length, random_order=random_order)
+
+
+def split_pair_examples(max_side_length: int, max_total_length: int, random_order: bool):
+    """Kind split_pair: `veco_parallel_pairs` (each side is its own row: no total limit)."""
+    del max_total_length
+    return dict(_PAIR_KEYS), bind(veco_parallel_pairs, max_side_length=max_side_length,
+                                  random_order=random_order)
+
+
+def mixup_pair_examples(max_side_length: int, max_total_length: int, random_order: bool):
+    """Kind mixup_pair: `mixup_pairs` on the two pairs c, d of `sources.mixup_source`."""
+    keys = {f"{x}_{s}": f"{x}_{s}_ids" for x in "cd" for s in ("src", "tgt")}
+    return keys, bind(mixup_pairs, max_side_length=max_side_length,
+                      max_total_length=max_total_length, random_direction=random_order)
 
 
 def bind(fn, **kwargs):

@@ -4,11 +4,15 @@ For benchmarks and for machines without TensorFlow/seqio (the GPU machines): the
 have the features, dtypes, shapes and special-token structure of the real converters
 (`xlm_jax.data.converters`), with random piece ids:
 
-  mono   `<s> w .. w </s> <pad>..` one segment per row
-  pair   rows packed with several `<s> a </s></s> b </s>` pairs (segment_ids 1..k,
-         positions restart per pair, pair_side 1/2, a language per side)
-  veco   `x_*` and `y_*` rows, each like mono
-  mixup  `query_*` and `key_*` rows, each a single pair
+  mono        `<s> w .. w </s> <pad>..` one segment per row (`segment_rows`)
+  pair        rows packed with several `<s> a </s></s> b </s>` pairs (segment_ids 1..k,
+              positions restart per pair, pair_side 1/2, a language per side;
+              `packed_pair_rows`)
+  split_pair  `x_*` and `y_*` rows, each like mono
+  mixup_pair  `query_*` and `key_*` rows, each a single pair (`pair_rows`)
+
+Each kind's record (`features.ExampleKind.synthetic_rows`) names the generator of its rows;
+an example of several rows draws them one prefix after the other.
 
 Piece ids are uniform in [4, vocab_size - 1): the four specials and the last id (`<mask>` in
 the XLM-R layout) never occur. `lang_ids` are in [1, num_languages].
@@ -21,9 +25,10 @@ from typing import Iterator
 import numpy as np
 
 from xlm_jax.data.features import (BOS_ID, EOS_ID, FEATURES, FIRST_PIECE_ID, PAD_ID,
-                                   PREFIXES, feature_names)
+                                   example_kind)
 
-__all__ = ["synthetic_batch", "synthetic_batches"]
+__all__ = ["synthetic_batch", "synthetic_batches", "segment_rows", "packed_pair_rows",
+           "pair_rows"]
 
 
 def _empty_rows(batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
@@ -56,7 +61,8 @@ def _put(out: dict[str, np.ndarray], r: int, start: int, ids: np.ndarray, seg: i
     return start + n
 
 
-def _mono_rows(rng, batch_size, seq_len, vocab_size, pad_fraction, num_languages):
+def segment_rows(rng, batch_size, seq_len, vocab_size, pad_fraction, num_languages):
+    """One `<s> w .. w </s>` segment per row."""
     out = _empty_rows(batch_size, seq_len)
     for r, n in enumerate(_real_lengths(rng, batch_size, seq_len, 3, pad_fraction)):
         ids = np.concatenate([[BOS_ID], _pieces(rng, n - 2, vocab_size), [EOS_ID]])
@@ -93,19 +99,27 @@ def _pair_rows(rng, batch_size, seq_len, vocab_size, pad_fraction, num_languages
     return out
 
 
+def packed_pair_rows(rng, batch_size, seq_len, vocab_size, pad_fraction, num_languages):
+    """Several `<s> a </s></s> b </s>` pairs packed into each row."""
+    return _pair_rows(rng, batch_size, seq_len, vocab_size, pad_fraction, num_languages, True)
+
+
+def pair_rows(rng, batch_size, seq_len, vocab_size, pad_fraction, num_languages):
+    """One `<s> a </s></s> b </s>` pair per row."""
+    return _pair_rows(rng, batch_size, seq_len, vocab_size, pad_fraction, num_languages, False)
+
+
 def synthetic_batch(batch_size: int, seq_len: int, vocab_size: int, kind: str = "mono",
                     seed: int = 0, pad_fraction: float = 0.1, num_languages: int = 2
                     ) -> dict[str, np.ndarray]:
-    """One synthetic batch of `kind` ("mono", "pair", "veco", "mixup"): int32 [B, T] arrays.
+    """One synthetic batch of `kind` (a name of `features.KINDS`): int32 [B, T] arrays.
 
     pad_fraction: the mean share of padding per row (0 gives full rows); num_languages: the
     language ids drawn are 1..num_languages. Deterministic for a seed.
     """
-    if kind not in PREFIXES:
-        raise ValueError(f"synthetic_batch: unknown kind {kind!r}: expected one of "
-                         f"{list(PREFIXES)}")
-    min_len = 3 if kind in ("mono", "veco") else 6
-    for name, value, low in (("batch_size", batch_size, 1), ("seq_len", seq_len, min_len),
+    record = example_kind(kind, "synthetic_batch")
+    for name, value, low in (("batch_size", batch_size, 1),
+                             ("seq_len", seq_len, record.min_length),
                              ("vocab_size", vocab_size, FIRST_PIECE_ID + 2),
                              ("num_languages", num_languages, 1)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
@@ -114,19 +128,11 @@ def synthetic_batch(batch_size: int, seq_len: int, vocab_size: int, kind: str = 
     if not 0.0 <= pad_fraction < 1.0:
         raise ValueError(f"synthetic_batch: pad_fraction must be in [0, 1), got {pad_fraction!r}")
     rng = np.random.default_rng(seed)
-    args = (batch_size, seq_len, vocab_size, pad_fraction, num_languages)
-    if kind == "mono":
-        return _mono_rows(rng, *args)
-    if kind == "pair":
-        return _pair_rows(rng, *args, packed=True)
-    if kind == "veco":
-        rows = [_mono_rows(rng, *args) for _ in range(2)]
-    else:
-        rows = [_pair_rows(rng, *args, packed=False) for _ in range(2)]
+    rows = record.synthetic_rows.load()
     out = {}
-    for prefix, part in zip(PREFIXES[kind], rows):
+    for prefix in record.prefixes:
+        part = rows(rng, batch_size, seq_len, vocab_size, pad_fraction, num_languages)
         out.update({prefix + k: v for k, v in part.items()})
-    assert set(out) == set(feature_names(kind))
     return out
 
 

@@ -7,8 +7,9 @@ through `module_params(params, name)`; gradients flow to whatever its loss touch
 generator that reads the encoder's word embeddings (XLM-E's tied embeddings) trains them too.
 What an objective declares, the trainer checks before compiling (each error names the
 objective and the offending name):
-- `kind`: the example kind of its data (`xlm_jax.data.features.KINDS`: mono, pair, veco,
-  mixup); every seqio task it is given must be registered with that kind;
+- `kind`: the example kind of its data, a name of `xlm_jax.data.features.KINDS` (mono, pair,
+  split_pair, mixup_pair); every task it is given must make that kind (a seqio task's
+  registered kind, a synthetic or in-memory stream's own);
 - `modules()`: `{name: flax module}` it owns; `init_modules` initialises them (boxed, with
   logical axis names). Module names are one namespace over the mixture: two objectives may
   use one name only if both list it in `shared_modules` and declare identical shapes (XLM-E's
@@ -53,7 +54,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from xlm_jax.data.features import KINDS, feature_names
+from xlm_jax.data.features import KINDS, example_kind, feature_names, valid_kinds
 
 if TYPE_CHECKING:
     from xlm_jax.models.transformer import Transformer
@@ -104,10 +105,15 @@ ROW_IDS = "row_ids"
 
 
 def check_kind(owner: str, kind: str, allowed: Sequence[str] = KINDS) -> str:
-    """`kind` if it is one of `allowed`, else a ValueError naming `owner` and the value."""
-    if kind not in allowed:
-        raise ValueError(f"{owner}: kind={kind!r} must be one of {', '.join(allowed)}")
-    return kind
+    """The name of `kind`'s record (an old name resolved: "veco" -> "split_pair") if it is one
+    of `allowed`, else a one-line ValueError naming `owner`, the value and `allowed`."""
+    try:
+        name = example_kind(kind).name
+    except ValueError:
+        name = None
+    if name not in allowed:
+        raise ValueError(f"{owner}: kind={kind!r} must be one of {valid_kinds(allowed)}")
+    return name
 
 
 class Objective(abc.ABC):
@@ -116,7 +122,7 @@ class Objective(abc.ABC):
     own also implement `modules` and `example_inputs`."""
 
     name: str = "objective"
-    kind: str = "mono"  # the example kind of its data: mono | pair | veco | mixup
+    kind: str = "mono"  # the example kind of its data: mono | pair | split_pair | mixup_pair
     # {term: weight within the objective}; one term "loss" by default. An objective with
     # several terms sets its own (XLM-E: {"mlm": 1.0, "rtd": 50.0}).
     term_weights: Mapping[str, float] = types.MappingProxyType({"loss": 1.0})

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from xlm_jax.data.features import PREFIXES
+from xlm_jax.data.features import example_kind
 from xlm_jax.models import flops
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import ROW_IDS, Batch, LossOutput, Metric, Objective, check_kind
@@ -93,7 +93,7 @@ class MaskedLM(Objective):
         """`restart_positions`: pair rows only; the second sentence's positions count from 0
         (XLM §3.3); off by default (positions run on; see the module docstring)."""
         self.model = model
-        check_kind(f"MaskedLM(name={name!r})", kind, ("mono", "pair"))
+        kind = check_kind(f"MaskedLM(name={name!r})", kind, ("mono", "pair"))
         self.restart_positions = check_restart(f"MaskedLM(name={name!r})", kind,
                                                restart_positions)
         cfg = model.config
@@ -117,7 +117,7 @@ class MaskedLM(Objective):
         """Each row of the example through the encoder with gradient, and the MLM head at
         its `max_predictions` slots (`xlm_jax.models.flops`)."""
         cfg = self.model.config
-        rows = len(PREFIXES[self.kind])
+        rows = len(example_kind(self.kind).prefixes)
         return 3.0 * rows * (seq_len * flops.encoder_flops(cfg, seq_len)
                              + self.masking.max_predictions * flops.head_flops(cfg))
 

@@ -54,9 +54,9 @@ TAKE = ("last", "first")
 
 
 class Translation(Objective):
-    """Sequence-to-sequence fine-tuning on `veco` rows (x = source, y = target)."""
+    """Sequence-to-sequence fine-tuning on `split_pair` rows (x = source, y = target)."""
 
-    kind = "veco"
+    kind = "split_pair"
 
     def __init__(self, model: Transformer, name: str = "translate", decoder_layers: int = 6,
                  take: str = "last", label_smoothing: float = 0.1,

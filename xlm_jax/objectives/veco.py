@@ -6,8 +6,8 @@ cross-attention block and an FFN (`ModelConfig.cross_attention=True`: the shared
 the cross-attention parameters, so the checkpoint reassembles into an NLU encoder without them
 or an NLG encoder-decoder with them, `xlm_jax.models.reassemble`).
 
-`VariableMLM` reads `veco` examples, two aligned rows `x_*` and `y_*` (two adjacent segments of
-monolingual text, or a sentence and its translation) and computes, per the paper's Eq. 8,
+`VariableMLM` reads `split_pair` examples, two aligned rows `x_*` and `y_*` (two adjacent
+segments of monolingual text, or a sentence and its translation) and computes, per Eq. 8,
 
     L = IS(x) + IS(y) + CS(x -> y) + CS(y -> x),
 
@@ -88,10 +88,10 @@ def cross_mask(batch: Mapping[str, jax.Array], query: str, memory: str) -> Token
 
 
 class VariableMLM(Objective):
-    """VECO IS-MLM + CS-MLM on `veco` rows (x, y); see the module docstring. Four loss terms
+    """VECO IS-MLM + CS-MLM on `split_pair` rows (x, y); see the module docstring. Four loss terms
     (`TERMS`), each over its row's masked predictions, weight 1 each (Eq. 8)."""
 
-    kind = "veco"
+    kind = "split_pair"
     term_weights = {t: 1.0 for t in TERMS}
 
     def __init__(self, model: Transformer, name: str = "veco", mask_prob: float = 0.15,

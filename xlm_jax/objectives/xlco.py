@@ -1,10 +1,11 @@
 """InfoXLM cross-lingual contrast (XLCo): a momentum key encoder and a queue of negatives.
 
-A translation pair (or, with `kind="mixup"`, InfoXLM's two-pair mixup example) gives a query
-row and a key row. The query is encoded by the model being trained, the key by an EMA copy of
-it (the momentum encoder, MoCo-style); both take the `<s>` hidden state of the "universal"
-layer `layer` and, with `projection_dim` > 0, the bias-free linear projection, a module the
-objective owns (`params["objectives"][name]`). The loss is InfoNCE against the queue of earlier keys:
+A translation pair (`kind="split_pair"`: rows x, y) or InfoXLM's two-pair mixup example
+(`kind="mixup_pair"`: rows query, key) gives a query row and a key row. The query is encoded
+by the model being trained, the key by an EMA copy of it (the momentum encoder, MoCo-style);
+both take the `<s>` hidden state of the "universal" layer `layer` and, with `projection_dim`
+> 0, the bias-free linear projection, a module the objective owns
+(`params["objectives"][name]`). The loss is InfoNCE against the queue of earlier keys:
 
     logits = [q . k+, q . queue] / temperature,   loss = cross-entropy with label 0,
 
@@ -38,7 +39,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from xlm_jax.data.features import PAD_ID, PREFIXES
+from xlm_jax.data.features import PAD_ID, example_kind
 from xlm_jax.models import flops
 from xlm_jax.models import heads as heads_lib
 from xlm_jax.models.transformer import Transformer
@@ -47,7 +48,8 @@ from xlm_jax.objectives.base import (ENCODER, OBJECTIVES, Batch, LossOutput, Met
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
 from xlm_jax.objectives.mlm import encoder_kwargs, side_rows
 
-KINDS = ("mixup", "veco")  # query_/key_ rows (mixup) or x_/y_ rows (a sentence, its translation)
+# query_/key_ rows (mixup_pair) or x_/y_ rows (split_pair: a sentence, its translation)
+KINDS = ("mixup_pair", "split_pair")
 QUEUE_AXES = ("queue", "embed_proj")  # logical names of the queue
 # The queue is replicated: every query scores every key (131072 x 768 fp32 = 0.4 GB per device
 # at base). A run may shard it with loop.train.axis_rule_overrides.
@@ -57,15 +59,15 @@ QUEUE_RULES = (("queue", None),)
 class XLCo(Objective):
     """InfoXLM XLCo on a two-row stream; see the module docstring for the computation."""
 
-    def __init__(self, model: Transformer, name: str = "xlco", kind: str = "mixup",
+    def __init__(self, model: Transformer, name: str = "xlco", kind: str = "mixup_pair",
                  layer: int | None = None, projection_dim: int = 0, temperature: float = 0.25,
                  queue_size: int = 131072, momentum: float = 0.999, mask_prob: float = 0.15,
                  max_predictions: int = 20, pooling: str = "cls", normalize: bool = False,
                  in_batch_negatives: bool = False, use_lang_ids: bool | None = None):
         """
         Args:
-          kind: "mixup" (InfoXLM mixup examples, `query_*`/`key_*` rows) or "veco" (a
-            sentence and its translation, `x_*`/`y_*` rows).
+          kind: "mixup_pair" (InfoXLM mixup examples, `query_*`/`key_*` rows) or
+            "split_pair" (a sentence and its translation, `x_*`/`y_*` rows).
           layer: the hidden state used, 0 = embeddings .. num_layers = last (None); InfoXLM
             uses 8 for base and 12 for large ("universal layer", paper Table 10).
           projection_dim: > 0 adds the bias-free linear projection hidden_size ->
@@ -83,7 +85,7 @@ class XLCo(Objective):
           in_batch_negatives: the other rows' keys of the step are negatives too (MoCo v3).
         """
         cfg = model.config
-        check_kind(f"XLCo(name={name!r})", kind, KINDS)
+        kind = check_kind(f"XLCo(name={name!r})", kind, KINDS)
         self.layer = cfg.num_layers if layer is None else layer
         if not 0 <= self.layer <= cfg.num_layers:
             raise ValueError(f"XLCo(name={name!r}): layer={layer} is outside 0..{cfg.num_layers} "
@@ -102,7 +104,7 @@ class XLCo(Objective):
             raise ValueError(f"XLCo(name={name!r}): pooling={pooling!r} must be one of "
                              f"{', '.join(heads_lib.POOLING)}")
         self.model, self.name, self.kind = model, name, kind
-        self.query_prefix, self.key_prefix = PREFIXES[kind]
+        self.query_prefix, self.key_prefix = example_kind(kind).prefixes
         self.temperature, self.queue_size, self.momentum = temperature, queue_size, momentum
         self.pooling, self.normalize = pooling, normalize
         self.in_batch_negatives = in_batch_negatives

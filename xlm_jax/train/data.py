@@ -6,7 +6,7 @@ stream saves its position with each checkpoint (`train.data_state`, the default
 `start_step=step` and replays the batches before it, exactly but at the input pipeline's
 speed; `resume_plan(..., "reseed")` trades exactness for an O(1) restart (see there).
 
-- `synthetic:KIND` (KIND = mono|pair|veco|mixup): the global batch is a function of
+- `synthetic:KIND` (KIND a name of `xlm_jax.data.features.KINDS`): the global batch is a function of
   (seed, step) only and each process takes its rows, so any process/device layout sees the same
   global batch. Needs no TensorFlow.
 - `memory:NAME`: a TF-free stream registered in this process with `register_memory_stream`
@@ -197,7 +197,8 @@ def task_kinds(task: str) -> list[tuple[str, str]]:
     a Mixture); empty for a synthetic stream."""
     from xlm_jax.data import registry
 
-    return [(where, registry.kind_of(member)) for member, where in _seqio_members([task])]
+    return [(where, registry.provider_kind(member).name)
+            for member, where in _seqio_members([task])]
 
 
 def synthetic_language_count(model_num_languages: int) -> int:

@@ -29,7 +29,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from xlm_jax.data.features import PREFIXES
+from xlm_jax.data.features import example_kind
 from xlm_jax.data.synthetic import synthetic_batch
 from xlm_jax.models import attention_backends
 from xlm_jax.objectives.base import WeightedObjective, init_params, objective_loss
@@ -147,7 +147,7 @@ def mixture_flops_per_token(objectives: Sequence[Any], seq_len: int,
             s = shapes[i]
             rows, length, runs = s.batch_size, s.seq_len, 1.0 / s.every
         flops += runs * rows * objective_flops_per_example(o, length)
-        positions += runs * rows * len(PREFIXES[o.kind]) * length
+        positions += runs * rows * len(example_kind(o.kind).prefixes) * length
     return flops / positions
 
 

@@ -30,8 +30,9 @@ GIN_CONFIG_DIRS = (os.path.join(PACKAGE_ROOT, "gin_configs"),
 # read), while an unused macro the user or a gin file binds is an error.
 SYNTHETIC_RUN_MACROS: tuple[str, ...] = (
     "TRAIN_STEPS = 1000000", "MONO_TASK = 'synthetic:mono'", "PAIR_TASK = 'synthetic:pair'",
-    "TASK_MODULES = []", "XLCO_TASK = 'synthetic:mixup'", "VECO_MONO_TASK = 'synthetic:veco'",
-    "VECO_BI_TASK = 'synthetic:pair'", "TARGET_LANGUAGES = ['de', 'fr']", "INIT_FROM = None")
+    "TASK_MODULES = []", "XLCO_TASK = 'synthetic:mixup_pair'",
+    "VECO_MONO_TASK = 'synthetic:split_pair'", "VECO_BI_TASK = 'synthetic:split_pair'",
+    "TARGET_LANGUAGES = ['de', 'fr']", "INIT_FROM = None")
 
 
 def default_search_paths() -> list[str]:
