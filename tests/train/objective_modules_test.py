@@ -209,7 +209,7 @@ def test_task_of_the_wrong_kind_fails_before_compiling_naming_both(tmp_path):
     _fails_before_compiling(
         tmp_path, specs,
         r"objective 'tlm' \(MaskedLM\) reads examples of kind 'pair', but task demo_mono_\w+ "
-        r"\(in demo_mono\) is registered with kind 'mono'",
+        r"\(in demo_mono\) holds examples of kind 'mono'",
         model={"vocab_size": 8002}, task_modules=["tasks.demo"])
 
 

@@ -77,7 +77,7 @@ def test_trtd_on_rows_that_are_not_pairs_fails_before_compiling(tmp_path):
         task="demo_mono")}
     with pytest.raises(ValueError, match=r"objective 'trtd' \(ReplacedTokenDetection\) reads "
                                          r"examples of kind 'pair', but task demo_mono_\w+ "
-                                         r"\(in demo_mono\) is registered with kind 'mono'"):
+                                         r"\(in demo_mono\) holds examples of kind 'mono'"):
         _train(tmp_path, 2, objectives=specs, model={"vocab_size": 8002},
                task_modules=["tasks.demo"])
     assert md.checkpoint_steps(str(tmp_path)) == []  # nothing trained or saved

@@ -183,12 +183,13 @@ def finetune(model_dir: str, *, init_from: str = gin.REQUIRED,
     spm = md.find_spm(encoder.path)
     # One objective for scoring every checkpoint of every seed: its jitted forward compiles once.
     objective = factory(model=Transformer(cfg), name=obj_name)
+    # The training rows, epoch after epoch: a function of (seed, step), as a resume needs.
+    stream = data_lib.MemoryStream(
+        lambda b, t, s, start: feats.epoch_batches(train_arrays, b, s, start),
+        kind=objective.kind, name=f"finetune {task.xtreme_task} train")
     per_seed_test, selected = [], []
     for seed in seeds:
         run_dir = os.path.join(model_dir, f"seed_{seed}")
-        stream = data_lib.register_memory_stream(
-            f"finetune/{run_dir}", lambda b, t, s, start: feats.epoch_batches(
-                train_arrays, b, s, start))
         with contextlib.redirect_stdout(out):
             loop.train(
                 run_dir, model=cfg,

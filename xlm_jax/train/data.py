@@ -6,44 +6,69 @@ stream saves its position with each checkpoint (`train.data_state`, the default
 `start_step=step` and replays the batches before it, exactly but at the input pipeline's
 speed; `resume_plan(..., "reseed")` trades exactness for an O(1) restart (see there).
 
-- `synthetic:KIND` (KIND a name of `xlm_jax.data.features.KINDS`): the global batch is a function of
-  (seed, step) only and each process takes its rows, so any process/device layout sees the same
-  global batch. Needs no TensorFlow.
-- `memory:NAME`: a TF-free stream registered in this process with `register_memory_stream`
-  (fine-tuning sets read from local files, `xlm_jax.finetune`): like synthetic streams, the
-  global batch is a function of (seed, step) and each process takes its rows, so a resume
-  rebuilds it at its step at once.
-- anything else is a registered seqio task or mixture; process p of P reads shard p of P with
-  global_batch / P rows (seqio/TensorFlow imported lazily).
+An objective's task (`ObjectiveSpec.task`) is one of:
+- `synthetic:KIND` (KIND a name of `xlm_jax.data.features.KINDS`): the global batch is a
+  function of (seed, step) only and each process takes its rows, so any process/device layout
+  sees the same global batch. Needs no TensorFlow.
+- a stream object (`MemoryStream`: fine-tuning sets read from local files,
+  `xlm_jax.finetune`): called as `stream(global_batch, seq_len, seed, start_step)`, it yields
+  the global batches computed in this process, as a function of (seed, step) only, and each
+  process takes its rows, so a resume rebuilds it at its step at once; its `kind` is checked
+  against the objective's like a task's. Passed as an object, not by a registered name: it
+  lives as long as the spec that holds it (our choice, instead of a module-global table).
+- any other string is a registered seqio task or mixture; process p of P reads shard p of P
+  with global_batch / P rows (seqio/TensorFlow imported lazily).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Union
 
 import jax
 import numpy as np
 
+from xlm_jax.data.features import example_kind
+
 SYNTHETIC = "synthetic:"
-MEMORY = "memory:"
-# name -> batches(global_batch, seq_len, seed, start_step) -> iterator of global batches
-MemoryBatches = Callable[[int, int, int, int], Iterator[dict[str, np.ndarray]]]
-_MEMORY_STREAMS: dict[str, MemoryBatches] = {}
+Batches = Iterator[dict[str, np.ndarray]]
 
 
-def register_memory_stream(name: str, batches: MemoryBatches) -> str:
-    """Registers a stream of global batches computed in this process and returns the task
-    name (`memory:NAME`) an `ObjectiveSpec` reads it by. `batches(global_batch, seq_len, seed,
-    start_step)` must yield the global batches of steps start_step, start_step + 1, ... as a
-    function of (seed, step) only; re-registering a name replaces it."""
-    _MEMORY_STREAMS[name] = batches
-    return MEMORY + name
+@dataclasses.dataclass(frozen=True, eq=False)
+class MemoryStream:
+    """A stream of global batches computed in this process, an objective's task as an object.
+
+    batches(global_batch, seq_len, seed, start_step) must yield the global batches of steps
+    start_step, start_step + 1, ... as a function of (seed, step) only; kind: the example
+    kind of its rows (a name of `features.KINDS`); name: how messages and the checkpoint's
+    record of the stream name it."""
+
+    batches: Callable[[int, int, int, int], Batches]
+    kind: str = "mono"
+    name: str = "memory"
+
+    def __post_init__(self) -> None:
+        owner = f"MemoryStream({self.name!r})"
+        object.__setattr__(self, "kind", example_kind(self.kind, owner).name)
+
+    def __call__(self, global_batch: int, seq_len: int, seed: int, start_step: int) -> Batches:
+        return self.batches(global_batch, seq_len, seed, start_step)
 
 
-def is_seqio(task: str) -> bool:
+Task = Union[str, MemoryStream]  # what ObjectiveSpec.task holds
+
+
+def is_seqio(task: Task) -> bool:
     """Whether `task` names a seqio task or mixture (not a synthetic or in-memory stream)."""
-    return not task.startswith((SYNTHETIC, MEMORY))
+    return isinstance(task, str) and not task.startswith(SYNTHETIC)
+
+
+def task_label(task: Task) -> str:
+    """How messages and saved stream positions name a task: the string, or a stream's name."""
+    return task if isinstance(task, str) else getattr(task, "name", type(task).__name__)
+
+
 DATA_RESUME_MODES = ("checkpoint", "replay", "reseed")
 
 
@@ -192,9 +217,14 @@ def run_spm_model(spm_model: str | None, tasks: Sequence[str]) -> str | None:
     return spm_model
 
 
-def task_kinds(task: str) -> list[tuple[str, str]]:
-    """`[(task name, registered example kind)]` for every seqio Task behind `task` (a Task or
-    a Mixture); empty for a synthetic stream."""
+def task_kinds(task: Task) -> list[tuple[str, str]]:
+    """`[(task name, example kind)]` for every seqio Task behind `task` (a Task or a Mixture,
+    the kind its registration recorded), or for the synthetic or in-memory stream itself (the
+    kind it makes)."""
+    if isinstance(task, str) and task.startswith(SYNTHETIC):
+        return [(task, example_kind(task[len(SYNTHETIC):], f"task {task!r}").name)]
+    if not isinstance(task, str):
+        return [(task_label(task), example_kind(task.kind, f"task {task_label(task)!r}").name)]
     from xlm_jax.data import registry
 
     return [(where, registry.provider_kind(member).name)
@@ -209,10 +239,9 @@ def synthetic_language_count(model_num_languages: int) -> int:
     return model_num_languages - 1 if model_num_languages else 2
 
 
-def make_stream(task: str, global_batch: int, seq_len: int, seed: int, start_step: int,
+def make_stream(task: Task, global_batch: int, seq_len: int, seed: int, start_step: int,
                 vocab_size: int, process_index: int | None = None,
-                process_count: int | None = None, num_languages: int = 2
-                ) -> Iterator[dict[str, np.ndarray]]:
+                process_count: int | None = None, num_languages: int = 2) -> Batches:
     """This process's rows of every global batch from step `start_step` on."""
     p = jax.process_index() if process_index is None else process_index
     n = jax.process_count() if process_count is None else process_count
@@ -225,16 +254,15 @@ def make_stream(task: str, global_batch: int, seq_len: int, seed: int, start_ste
 
         return make_batch_iterator(task, local, seq_len, seed, shard_index=p, num_shards=n,
                                    start_step=start_step)
-    if task.startswith(SYNTHETIC):
+    if isinstance(task, str):
         from xlm_jax.data.synthetic import synthetic_batches
 
         full = synthetic_batches(global_batch, seq_len, vocab_size, kind=task[len(SYNTHETIC):],
                                  seed=seed, num_languages=num_languages, start_step=start_step)
+    elif callable(task):
+        full = task(global_batch, seq_len, seed, start_step)
     else:
-        name = task[len(MEMORY):]
-        if name not in _MEMORY_STREAMS:
-            raise ValueError(f"no in-memory stream {name!r} is registered in this process "
-                             f"(registered: {sorted(_MEMORY_STREAMS) or 'none'})")
-        full = _MEMORY_STREAMS[name](global_batch, seq_len, seed, start_step)
+        raise ValueError(f"task {task!r} is neither a task name nor a stream "
+                         "(MemoryStream, called as stream(global_batch, seq_len, seed, step))")
     # a global batch per step: this process takes its rows
     return ({k: v[p * local:(p + 1) * local] for k, v in b.items()} for b in full)

@@ -140,12 +140,12 @@ def check_shared_shapes(objectives: Sequence[Objective], init_modules: Any) -> N
 
 def check_kinds(objectives: Sequence[Objective], task_kinds: Mapping[str, list[tuple[str, str]]]
                 ) -> None:
-    """Each objective reads only features its example kind has, and its tasks are registered
-    with that kind.
+    """Each objective reads only features its example kind has, and its tasks hold examples
+    of that kind.
 
-    `task_kinds[objective name]` = [(task name, registered kind)] for every seqio Task behind
-    that objective's task or mixture (synthetic streams are built from the objective's kind
-    and need no check).
+    `task_kinds[objective name]` = [(task name, kind)] for every seqio Task behind that
+    objective's task or mixture (its registered kind), or for its synthetic or in-memory
+    stream (the kind it makes); `train.data.task_kinds` lists them.
     """
     for o in objectives:
         missing = sorted(set(o.features()) - set(feature_names(o.kind)))
@@ -156,5 +156,5 @@ def check_kinds(objectives: Sequence[Objective], task_kinds: Mapping[str, list[t
         for task, kind in task_kinds.get(o.name, []):
             if kind != o.kind:
                 raise ValueError(f"objective {o.name!r} ({type(o).__name__}) reads examples of "
-                                 f"kind {o.kind!r}, but task {task} is registered with kind "
+                                 f"kind {o.kind!r}, but task {task} holds examples of kind "
                                  f"{kind!r}")

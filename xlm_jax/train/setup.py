@@ -40,9 +40,10 @@ class ObjectiveSpec:
     """One objective of the mixture: how to build it, what feeds it, its loss weight."""
 
     factory: Callable[..., Objective]  # called as factory(model=..., name=...)
-    task: str = "synthetic:mono"  # seqio task/mixture name, or synthetic:KIND
+    # A seqio task/mixture name, synthetic:KIND, or a stream object (data.MemoryStream)
+    task: data_lib.Task = "synthetic:mono"
     weight: float = 1.0
-    eval_task: str | None = None  # a held-out task for periodic eval (None: no eval)
+    eval_task: data_lib.Task | None = None  # a held-out task for periodic eval (None: no eval)
     # Its own global rows / row length per batch (None: loop.train's batch_size / seq_len),
     # and the steps it runs at: 0-based steps s with s % every == offset (see train.mixture).
     batch_size: int | None = None
@@ -274,20 +275,22 @@ def jit_train_step(objs: Sequence[step_lib.WeightedObjective], parts: StateParts
         donate_argnums=(0,))
 
 
-def make_streams(tasks: Mapping[str, str], shapes: Mapping[str, mixture.Shape], seed: int,
-                 resume: ResumeInfo, data_resume: str, model: ModelConfig, model_dir: str
+def make_streams(tasks: Mapping[str, data_lib.Task], shapes: Mapping[str, mixture.Shape],
+                 seed: int, resume: ResumeInfo, data_resume: str, model: ModelConfig, model_dir: str
                  ) -> tuple[dict[str, Any], dict[str, data_state.SavedStream]]:
     """Each objective's input stream at its position after step `resume.step`, and how each
     was built (recorded with the positions a save writes; see `train.data_state`).
 
     A stream whose position the checkpoint saved is rebuilt with its saved seed and put
     back there; any other continues by `data.resume_plan` from the number of steps before
-    the start that its objective ran at (`mixture.Shape.runs_before`)."""
+    the start that its objective ran at (`mixture.Shape.runs_before`). A task is a name
+    (seqio, synthetic:KIND) or a stream object (`data.MemoryStream`), used as it is."""
     start = resume.step
     streams, built, replayed = {}, {}, []
     for i, (name, task) in enumerate(tasks.items()):
         shape = shapes[name]
-        here = data_state.SavedStream(seed + 1000 * i, task, shape.batch_size, shape.seq_len)
+        here = data_state.SavedStream(seed + 1000 * i, data_lib.task_label(task),
+                                      shape.batch_size, shape.seq_len)
         path = data_state.saved_stream(
             resume, name, here, model_dir, jax.process_index(), jax.process_count()
         ) if start and data_resume == "checkpoint" else None
