@@ -259,6 +259,25 @@ def test_bad_inputs_name_what_is_wrong(tmp_path, pretrained):
         tasks_lib.FinetuneTask(**base, metric="f1")
     with pytest.raises(ValueError, match=r"FinetuneTask.setting='few_shot'"):
         tasks_lib.FinetuneTask(**base, setting="few_shot")
+    # an unknown kind: one line naming it and the kinds (gin adds a line naming its call)
+    with pytest.raises(ValueError) as e:
+        tasks_lib.FinetuneTask(**{**base, "kind": "ner"})
+    assert str(e.value).splitlines()[0] == (
+        "FinetuneTask.kind='ner': expected one of classification, tagging, qa")
+
+
+def test_each_finetune_kind_is_one_record():
+    """What run.finetune switches on is the kind's record: its objective name, metrics, head,
+    rows and scoring; each kind accepts exactly its own metrics."""
+    kinds = tasks_lib.FINETUNE_KINDS
+    assert list(kinds) == ["classification", "tagging", "qa"] == list(tasks_lib.KINDS)
+    assert len({k.objective for k in kinds.values()}) == len(kinds)
+    for name, kind in kinds.items():
+        assert tasks_lib.finetune_kind(name) is kind
+        assert all(callable(f) for f in (kind.head, kind.rows, kind.score))
+        for metric in kind.metrics:
+            assert tasks_lib.FinetuneTask(xtreme_task="xnli", data_dir="d", kind=name,
+                                          metric=metric).metric == metric
 
 
 def test_translate_train_all_reads_every_languages_training_file(tmp_path):

@@ -35,7 +35,6 @@ from xlm_jax.finetune import evaluate as ev
 from xlm_jax.finetune import features as feats
 from xlm_jax.finetune import tasks as tasks_lib
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives import finetune as heads
 from xlm_jax.train import checkpoints as ckpt_lib
 from xlm_jax.train import data as data_lib
 from xlm_jax.train import loop, optim, partitioning
@@ -53,36 +52,14 @@ class Featurised:
     mlqa: bool = False  # scored with MLQA's normalisation (MLQA's own files)
 
 
-def _objective_factory(task: tasks_lib.FinetuneTask, num_labels: int):
-    if task.kind == "classification":
-        return lambda model, name: heads.SequenceClassification(model, name, num_labels)
-    if task.kind == "tagging":
-        return lambda model, name: heads.TokenClassification(model, name, num_labels)
-    return lambda model, name: heads.SpanExtraction(model, name)
-
-
 def featurise(task: tasks_lib.FinetuneTask, examples: dict[str, list[Any]], tokenizer: Any,
               labels: Sequence[str], lang_id: Any, training: bool, mlqa: bool = False
               ) -> Featurised:
-    """Rows of every language's examples; `lang_id(lang)` is the lang_ids value (None for a
-    model without language embeddings)."""
-    rows = {}
-    for lang, exs in examples.items():
-        if task.kind == "classification":
-            rows[lang] = feats.pair_rows(exs, tokenizer, task.max_length, labels, lang_id(lang))
-        elif task.kind == "tagging":
-            rows[lang] = feats.tagged_rows(exs, tokenizer, task.max_length, labels,
-                                           lang_id(lang))
-        else:
-            from xlm_jax.finetune import qa
-
-            f = qa.featurize(exs, tokenizer, max_length=task.max_length,
-                             doc_stride=task.doc_stride, max_query_length=task.max_query_length,
-                             training=training)
-            arrays = {"input_ids": f.input_ids, "start_positions": f.start_positions,
-                      "end_positions": f.end_positions,
-                      **feats.lang_id_arrays(f.input_ids, lang_id(lang), tokenizer.pad_id)}
-            rows[lang] = feats.Rows(arrays, qa_features=f)
+    """Rows of every language's examples (the kind's `rows`); `lang_id(lang)` is the lang_ids
+    value (None for a model without language embeddings)."""
+    kind = tasks_lib.finetune_kind(task.kind)
+    rows = {lang: kind.rows(task, exs, tokenizer, labels, lang_id(lang), training)
+            for lang, exs in examples.items()}
     return Featurised(rows=rows, examples=examples, mlqa=mlqa)
 
 
@@ -94,17 +71,12 @@ def _concat(rows: Sequence[feats.Rows]) -> dict[str, np.ndarray]:
 def score(task: tasks_lib.FinetuneTask, objective: Any, params: Any, split: Featurised,
           labels: Sequence[str], batch_size: int) -> dict[str, float]:
     """The task metric (0-100) of every language of `split` under `params`."""
+    kind = tasks_lib.finetune_kind(task.kind)
     out = {}
     for lang, rows in split.rows.items():
         logits = ev.predict(objective, params, rows, batch_size)
-        exs = split.examples[lang]
-        if task.kind == "classification":
-            out[lang] = ev.score_classification(logits, rows)
-        elif task.kind == "tagging":
-            out[lang] = ev.score_tagging(logits, rows, exs, labels, task.metric)
-        else:
-            out[lang] = ev.score_qa(logits, rows, exs, task.metric,
-                                    lang if split.mlqa else None)
+        out[lang] = kind.score(task, logits, rows, split.examples[lang], labels,
+                               lang if split.mlqa else None)
     return out
 
 
@@ -172,8 +144,12 @@ def finetune(model_dir: str, *, init_from: str = gin.REQUIRED,
     train_arrays = _concat([train.rows[lang] for lang in tasks_lib.split_languages(train.rows)])
     cfg = dataclasses.replace(encoder.config, dropout_rate=dropout_rate,
                               attention_dropout_rate=dropout_rate)
-    factory = _objective_factory(task, len(labels))
-    obj_name = {"classification": "classify", "tagging": "tag", "qa": "qa"}[task.kind]
+    kind = tasks_lib.finetune_kind(task.kind)
+    obj_name = kind.objective
+
+    def factory(model: Transformer, name: str) -> Any:
+        return kind.head(model, name, len(labels))
+
     every = eval_every or train_steps
     optimizer = optim.OptimizerConfig(
         learning_rate=learning_rate, warmup_steps=int(warmup_fraction * train_steps),

@@ -1,6 +1,10 @@
 """What a fine-tuning task is: its data (an XTREME-layout folder read from local files), its
 kind (classification, tagging, QA), its labels and metric, and the cross-lingual setting.
 
+Each kind is a record (`FinetuneKind`, looked up with `finetune_kind`): the trainer's
+objective name, its metrics, its task head, how its examples become rows and how its
+predictions are scored; `run.finetune` calls those fields.
+
 Settings (XTREME, and the four papers' tables):
 - "zero_shot": fine-tune on English (`train_languages=("en",)`), test on every language;
 - "translate_train_all": fine-tune on the training files of every language the folder has
@@ -11,18 +15,85 @@ every language's (`select_on="all"`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gin
 
 from xlm_jax.data import xtreme_readers as readers
+from xlm_jax.finetune import evaluate as ev
+from xlm_jax.finetune import features as feats
+from xlm_jax.objectives import finetune as heads
 
-KINDS = ("classification", "tagging", "qa")
 SETTINGS = ("zero_shot", "translate_train_all")
-METRICS = {"classification": ("accuracy",), "tagging": ("f1", "accuracy"), "qa": ("f1", "exact_match")}
 SELECT_ON = ("en", "all")
 SOURCES = ("files", "tfds")
+
+
+# ----------------------------------------------------------------------------- kinds
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneKind:
+    """One fine-tuning kind.
+
+    objective: the trainer's objective name (its metrics are logged under it).
+    metrics: the metrics that score it (`FinetuneTask.metric`).
+    head: `(model, name, num_labels) -> Objective`, the task head on the encoder.
+    rows: `(task, examples, tokenizer, labels, lang_id, training) -> features.Rows`.
+    score: `(task, logits, rows, examples, labels, lang) -> float` (0-100); `lang` is the
+      language whose normalisation scores MLQA's own files, else None.
+    """
+
+    name: str
+    objective: str
+    metrics: tuple[str, ...]
+    head: Callable[..., Any]
+    rows: Callable[..., feats.Rows]
+    score: Callable[..., float]
+
+
+def _qa_rows(task, examples, tokenizer, labels, lang_id, training) -> feats.Rows:
+    from xlm_jax.finetune import qa
+
+    f = qa.featurize(examples, tokenizer, max_length=task.max_length,
+                     doc_stride=task.doc_stride, max_query_length=task.max_query_length,
+                     training=training)
+    arrays = {"input_ids": f.input_ids, "start_positions": f.start_positions,
+              "end_positions": f.end_positions,
+              **feats.lang_id_arrays(f.input_ids, lang_id, tokenizer.pad_id)}
+    return feats.Rows(arrays, qa_features=f)
+
+
+FINETUNE_KINDS: dict[str, FinetuneKind] = {k.name: k for k in (
+    FinetuneKind(
+        name="classification", objective="classify", metrics=("accuracy",),
+        head=heads.SequenceClassification,
+        rows=lambda task, exs, tok, labels, lang_id, training: feats.pair_rows(
+            exs, tok, task.max_length, labels, lang_id),
+        score=lambda task, logits, rows, exs, labels, lang: ev.score_classification(
+            logits, rows)),
+    FinetuneKind(
+        name="tagging", objective="tag", metrics=("f1", "accuracy"),
+        head=heads.TokenClassification,
+        rows=lambda task, exs, tok, labels, lang_id, training: feats.tagged_rows(
+            exs, tok, task.max_length, labels, lang_id),
+        score=lambda task, logits, rows, exs, labels, lang: ev.score_tagging(
+            logits, rows, exs, labels, task.metric)),
+    FinetuneKind(
+        name="qa", objective="qa", metrics=("f1", "exact_match"),
+        head=lambda model, name, num_labels: heads.SpanExtraction(model, name),
+        rows=_qa_rows,
+        score=lambda task, logits, rows, exs, labels, lang: ev.score_qa(
+            logits, rows, exs, task.metric, lang)),
+)}
+KINDS = tuple(FINETUNE_KINDS)
+
+
+def finetune_kind(name: str) -> FinetuneKind:
+    """The record of a kind name; a one-line ValueError naming the value and the kinds."""
+    if name not in FINETUNE_KINDS:
+        raise ValueError(f"FinetuneTask.kind={name!r}: expected one of {', '.join(KINDS)}")
+    return FINETUNE_KINDS[name]
 
 
 @gin.configurable
@@ -65,15 +136,16 @@ class FinetuneTask:
     test_split: str = "test"
 
     def __post_init__(self) -> None:
-        for field, value, valid in (("kind", self.kind, KINDS), ("setting", self.setting, SETTINGS),
+        kind = finetune_kind(self.kind)
+        for field, value, valid in (("setting", self.setting, SETTINGS),
                                     ("select_on", self.select_on, SELECT_ON),
                                     ("source", self.source, SOURCES)):
             if value not in valid:
                 raise ValueError(f"FinetuneTask.{field}={value!r}: expected one of "
                                  f"{', '.join(valid)}")
-        if self.metric not in METRICS[self.kind]:
+        if self.metric not in kind.metrics:
             raise ValueError(f"FinetuneTask.metric={self.metric!r} does not score a {self.kind} "
-                             f"task; expected one of {', '.join(METRICS[self.kind])}")
+                             f"task; expected one of {', '.join(kind.metrics)}")
         if self.max_length < 8:
             raise ValueError(f"FinetuneTask.max_length={self.max_length} must be >= 8")
 
