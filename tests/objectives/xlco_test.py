@@ -179,6 +179,15 @@ def test_bad_arguments_are_named(kw, match):
         XLCo(Transformer(CFG), **kw)
 
 
+def test_old_kind_names_resolve_to_the_new_ones():
+    """Users' gin files may still say `XLCo.kind = 'veco'` / `'mixup'` (the names before):
+    the objective then reads the same rows as with the new names."""
+    for old, new, prefixes in (("veco", "split_pair", ("x_", "y_")),
+                               ("mixup", "mixup_pair", ("query_", "key_"))):
+        obj = XLCo(Transformer(CFG), kind=old)
+        assert obj.kind == new and (obj.query_prefix, obj.key_prefix) == prefixes
+
+
 def test_padding_rows_never_enter_the_queue():
     """A batch with padding rows (query and key rows all `<pad>`) fills the queue with the keys
     of its real rows only, in row order, and the fill count counts only them."""
