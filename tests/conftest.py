@@ -9,7 +9,10 @@ import os
 import shutil
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from tests.testlib.xla_flags import xla_flags  # noqa: E402  (the standard library only)
+
+# 8 host devices and fast compilation (tests/testlib/xla_flags.py says why and what it saves).
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

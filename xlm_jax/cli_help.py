@@ -6,12 +6,13 @@ line (`error_line`'s `rename`)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -103,9 +104,22 @@ def quiet_tensorflow() -> None:
     and restored afterwards for XLA, which reads the same variable (TF_CPP_MIN_LOG_LEVEL) on
     its own. A CLI that uses the input pipeline calls this first; `XLM_JAX_DEBUG=1` keeps
     every line. Machines without TensorFlow skip it."""
-    if "tensorflow" in sys.modules or debug_wanted():
-        return
     if importlib.util.find_spec("tensorflow") is None:
+        return
+    with tensorflow_quietly():
+        import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top
+
+
+@contextlib.contextmanager
+def tensorflow_quietly() -> Iterator[None]:
+    """Runs the body with `quiet_tensorflow`'s filter on stderr: if the body imports
+    TensorFlow (a gin file importing a seqio task module does), TF's import lines are dropped,
+    tensorflow_text is imported under the same filter and TF is kept off the GPUs; a body that
+    does not import TF (a run on synthetic streams) costs nothing and leaves TF unimported,
+    which saves its import time. Every other line written meanwhile is written back in order,
+    also when the body raises. A no-op once TF is imported or with `XLM_JAX_DEBUG=1`."""
+    if "tensorflow" in sys.modules or debug_wanted():
+        yield
         return
     sys.stderr.flush()
     saved_fd = os.dup(2)
@@ -114,15 +128,17 @@ def quiet_tensorflow() -> None:
         os.dup2(captured.fileno(), 2)
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
         try:
-            import tensorflow as tf  # pylint: disable=g-import-not-at-top
-            # tensorflow_text (seqio imports it) loads kernels that read the level again
-            if importlib.util.find_spec("tensorflow_text") is not None:
-                import tensorflow_text  # noqa: F401  pylint: disable=g-import-not-at-top
-            tf.config.list_physical_devices("GPU")
-            try:
-                tf.config.set_visible_devices([], "GPU")
-            except RuntimeError:  # TF's runtime already started: nothing to hide any more
-                pass
+            yield
+            tf = sys.modules.get("tensorflow")
+            if tf is not None:
+                # tensorflow_text (seqio imports it) loads kernels that read the level again
+                if importlib.util.find_spec("tensorflow_text") is not None:
+                    import tensorflow_text  # noqa: F401  pylint: disable=g-import-not-at-top
+                tf.config.list_physical_devices("GPU")
+                try:
+                    tf.config.set_visible_devices([], "GPU")
+                except RuntimeError:  # TF's runtime already started: nothing to hide any more
+                    pass
         finally:
             if saved_level is None:
                 os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)

@@ -6,13 +6,15 @@ import sys
 
 import numpy as np
 
+from tests.testlib.xla_flags import FAST_COMPILE, xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def env(devices=1, **extra):
     """This environment on the CPU platform with `devices` host devices."""
     env = dict(os.environ)
-    env.update({"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    env.update({"XLA_FLAGS": xla_flags(devices), "XLA_FLAGS_EXTRA": FAST_COMPILE,
                 "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}, **extra)
     return env
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from tests.testlib.xla_flags import FAST_COMPILE, xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Variables by which jax (or xlm_jax.train.distributed) recognises a cluster: a test run
 # inside a SLURM job or a Kubernetes pod must not make its trainer subprocesses join that job.
@@ -24,7 +26,7 @@ def cpu_env(devices: int = 1, **extra: str) -> dict[str, str]:
     """This process's environment without launcher variables, on the CPU platform with
     `devices` host devices, plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
-    env.update({"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    env.update({"XLA_FLAGS": xla_flags(devices), "XLA_FLAGS_EXTRA": FAST_COMPILE,
                 "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"})
     env.update(extra)
     return env

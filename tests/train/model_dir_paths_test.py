@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from testlib.tiny_run import TINY_MODEL, mlm_objectives, train_tiny
+from testlib.xla_flags import xla_flags
 from xlm_jax import model_dir as md
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -258,7 +259,7 @@ def test_cli_names_the_missing_package_in_one_line(tmp_path):
     code = ("import sys; sys.modules['gcsfs'] = None; from xlm_jax.train.cli import main; "
             "sys.exit(main(sys.argv))")
     env = dict(os.environ, EPATH_USE_TF="false", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
-               XLA_FLAGS="--xla_force_host_platform_device_count=1")
+               XLA_FLAGS=xla_flags(1))
     r = subprocess.run([sys.executable, "-c", code, "--gin_file=demo/synthetic.gin",
                         "--model_dir=gs://bucket/run"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)

@@ -15,6 +15,8 @@ import zipfile
 
 import pytest
 
+from tests.testlib.xla_flags import xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # What `pip install .` reads from a checkout (setup.py lists the packages and their data).
 SOURCES = ("setup.py", "MANIFEST.in", "README.md", "pyproject.toml", "setup.cfg", "xlm_jax",
@@ -64,7 +66,7 @@ def _run(installed, args, timeout=120, devices=1):
     """`python ARGS` from outside the repository, importing only from the installed site."""
     _, site, cwd = installed
     env = dict(os.environ, PYTHONPATH=site, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               XLA_FLAGS=xla_flags(devices),
                XDG_CACHE_HOME=os.path.join(os.path.dirname(site), "cache"))
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)

@@ -118,8 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run() -> int:
         from xlm_jax.train import loop
 
-        cli_help.quiet_tensorflow()
-        parse_gin(args)
+        with cli_help.tensorflow_quietly():  # TF is imported only by a gin file that needs it
+            parse_gin(args)
         init_distributed(args)
         outcome.append(loop.train(args.model_dir))
         return 0

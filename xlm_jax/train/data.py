@@ -29,6 +29,7 @@ from typing import Any, Union
 import jax
 import numpy as np
 
+from xlm_jax import cli_help
 from xlm_jax.data.features import example_kind
 
 SYNTHETIC = "synthetic:"
@@ -99,12 +100,23 @@ def resume_plan(seed: int, start_step: int, mode: str) -> tuple[int, int]:
     return int(derived & 0x7FFFFFFF), 0
 
 
+def _data_module(name: str) -> Any:
+    """`xlm_jax.data.<name>`, imported under `cli_help.tensorflow_quietly` (it imports seqio
+    and TensorFlow the first time)."""
+    with cli_help.tensorflow_quietly():
+        return importlib.import_module(f"xlm_jax.data.{name}")
+
+
 def import_modules(modules: Sequence[str]) -> None:
     """Imports the modules that register seqio tasks (e.g. `tasks.demo`); one that cannot be
-    found is an ImportError naming it and the setting (`loop.train.task_modules`)."""
+    found is an ImportError naming it and the setting (`loop.train.task_modules`). The
+    input pipeline's modules (seqio, TensorFlow) are imported here and in `_data_module`
+    only, under `cli_help.tensorflow_quietly`: a run on synthetic streams never imports
+    TensorFlow, and one on seqio tasks imports it without TF's start-up noise."""
     for name in modules:
         try:
-            importlib.import_module(name)
+            with cli_help.tensorflow_quietly():
+                importlib.import_module(name)
         except ModuleNotFoundError as e:
             raise ImportError(
                 f"loop.train.task_modules={','.join(modules)}: cannot import {name!r} ({e}; a "
@@ -118,9 +130,7 @@ def _seqio_members(tasks: Sequence[str]) -> Iterator[tuple[Any, str]]:
     for task in tasks:
         if not is_seqio(task):
             continue
-        from xlm_jax.data import registry
-
-        provider = registry.get_provider(task)
+        provider = _data_module("registry").get_provider(task)
         for member in getattr(provider, "tasks", [provider]):
             yield member, member.name if member is provider else f"{member.name} (in {task})"
 
@@ -225,8 +235,7 @@ def task_kinds(task: Task) -> list[tuple[str, str]]:
         return [(task, example_kind(task[len(SYNTHETIC):], f"task {task!r}").name)]
     if not isinstance(task, str):
         return [(task_label(task), example_kind(task.kind, f"task {task_label(task)!r}").name)]
-    from xlm_jax.data import registry
-
+    registry = _data_module("registry")
     return [(where, registry.provider_kind(member).name)
             for member, where in _seqio_members([task])]
 
@@ -250,10 +259,8 @@ def make_stream(task: Task, global_batch: int, seq_len: int, seed: int, start_st
                          f"{n} processes")
     local = global_batch // n
     if is_seqio(task):
-        from xlm_jax.data.pipeline import make_batch_iterator
-
-        return make_batch_iterator(task, local, seq_len, seed, shard_index=p, num_shards=n,
-                                   start_step=start_step)
+        return _data_module("pipeline").make_batch_iterator(
+            task, local, seq_len, seed, shard_index=p, num_shards=n, start_step=start_step)
     if isinstance(task, str):
         from xlm_jax.data.synthetic import synthetic_batches
 
