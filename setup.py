@@ -39,7 +39,7 @@ CORE = [
     "safetensors>=0.4",
     "tensorboard>=2.15",  # pure-python event writer/reader; no TensorFlow needed
     "matplotlib>=3.7",
-    "sacrebleu>=2.3",  # translation scores (xlm_jax.evaluation.translation)
+    "sacrebleu>=2.3",  # translation scores (xlm_jax.evaluation.bleu)
 ]
 EXTRAS = {
     "data": [

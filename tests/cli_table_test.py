@@ -70,9 +70,9 @@ TABLE = [
     ("xlm_jax.convert", "bad value", ["import-hf", "--hf_dir", "/nonexistent/hf", "--out",
                                       "/nonexistent/out"], 2,
      "error: /nonexistent/hf/config.json: not found (an HF model directory needs config.json)"),
-    ("xlm_jax.encode", "no args", [], 2, "python -m xlm_jax.encode: error: the following "
+    ("xlm_jax.embed", "no args", [], 2, "python -m xlm_jax.embed: error: the following "
      "arguments are required: --model, --input, --out (--help lists every flag)"),
-    ("xlm_jax.encode", "bad value", ["--model", "/nonexistent/model", "--input",
+    ("xlm_jax.embed", "bad value", ["--model", "/nonexistent/model", "--input",
                                      "/nonexistent/in.txt", "--out", "/nonexistent/out.npy"], 2,
      "error: [Errno 2] No such file or directory: '/nonexistent/in.txt'"),
     ("xlm_jax.bench", "no args", [], 2, "python -m xlm_jax.bench: error: --gin_file is required "

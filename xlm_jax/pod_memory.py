@@ -209,7 +209,7 @@ def build(mesh_sizes: Mapping[str, int], batch_size: int | None = None,
     import numpy as np
 
     from xlm_jax.models.transformer import Transformer
-    from xlm_jax.train import data as data_lib
+    from xlm_jax.train import streams as streams_lib
     from xlm_jax.train import mixture, partitioning, setup
 
     kw = train_bindings()
@@ -233,10 +233,10 @@ def build(mesh_sizes: Mapping[str, int], batch_size: int | None = None,
         if o.name not in mixture.running(shapes, 0):
             continue
         shape = shapes[o.name]
-        first = next(data_lib.make_stream(
-            f"{data_lib.SYNTHETIC}{o.objective.kind}", shape.batch_size, shape.seq_len, 0, 0,
+        first = next(streams_lib.make_stream(
+            f"{streams_lib.SYNTHETIC}{o.objective.kind}", shape.batch_size, shape.seq_len, 0, 0,
             model.vocab_size,
-            num_languages=data_lib.synthetic_language_count(model.num_languages)))
+            num_languages=streams_lib.synthetic_language_count(model.num_languages)))
         batches[o.name] = {k: jax.ShapeDtypeStruct(
             v.shape, v.dtype, sharding=partitioning.batch_sharding(mesh, v.ndim))
             for k, v in first.items()}

@@ -3,7 +3,7 @@
 Fine-tunes an encoder-decoder reassembled from a VECO stack on a translation task (the
 `Translation` objective through the trainer: teacher forcing, label smoothing, checkpoints,
 resume), then translates a held-out test set with beam search and scores the detokenised
-output with sacreBLEU (`xlm_jax.evaluation.translation.evaluate`). Writes `translations.txt`
+output with sacreBLEU (`xlm_jax.evaluation.bleu.evaluate`). Writes `translations.txt`
 and `bleu.json` into the model directory and prints the score. `--init_from` starts from a
 pre-trained checkpoint (VECO: the decoder takes the stack's last layers); without it the model
 starts from random initialisation.
@@ -17,7 +17,7 @@ from xlm_jax import cli_help
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from xlm_jax.evaluation import translation as translation_eval
+    from xlm_jax.evaluation import bleu as translation_eval
     from xlm_jax.train import cli, gin_utils, loop
 
     argv = gin_utils.rewrite_gin_args(list(sys.argv[1:] if argv is None else argv))

@@ -99,7 +99,7 @@ def test_core_imports_without_tensorflow():
 
 
 def test_encode_cli_writes_the_embed_vectors(tmp_path):
-    """`python -m xlm_jax.encode` on a tiny model with the demo SentencePiece model beside it
+    """`python -m xlm_jax.embed` on a tiny model with the demo SentencePiece model beside it
     writes exactly `Encoder.embed`'s vectors; pooling ignores padding (batch independent)."""
     import os
     import shutil
@@ -108,7 +108,7 @@ def test_encode_cli_writes_the_embed_vectors(tmp_path):
 
     import xlm_jax
     from xlm_jax.convert import hf
-    from xlm_jax.encode import main as encode_main
+    from xlm_jax.embed import main as encode_main
 
     spm = os.path.join(os.path.dirname(__file__), "..", "..", "tasks", "demo_data", "spm.model")
     cfg = ModelConfig(vocab_size=8002, hidden_size=16, num_layers=2, num_heads=2, mlp_dim=32,

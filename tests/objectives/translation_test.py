@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from xlm_jax.data.synthetic import synthetic_batch
-from xlm_jax.evaluation.translation import translate_batch
+from xlm_jax.evaluation.bleu import translate_batch
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import WeightedObjective, init_params

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from testlib.tiny_run import mlm_objectives, train_tiny
-from xlm_jax.train import data as data_lib, optim
+from xlm_jax.train import streams as streams_lib, optim
 
 pytest.importorskip("seqio")
 
@@ -34,11 +34,11 @@ def _train(model_dir, task, num_languages, **model):
 def test_language_list_of_tasks():
     _register("lt_a", ["fr", "de", "en"])
     _register("lt_b", ["en", "fr"])
-    assert data_lib.language_list(["synthetic:mono", "lt_a"]) == ["fr", "de", "en"]
-    assert data_lib.language_list(["lt_a_en", "synthetic:pair"]) == ["fr", "de", "en"]
-    assert data_lib.language_list(["synthetic:mono"]) is None
+    assert streams_lib.language_list(["synthetic:mono", "lt_a"]) == ["fr", "de", "en"]
+    assert streams_lib.language_list(["lt_a_en", "synthetic:pair"]) == ["fr", "de", "en"]
+    assert streams_lib.language_list(["synthetic:mono"]) is None
     with pytest.raises(ValueError, match="lt_a_en and lt_b_en .*3 vs 2 languages"):
-        data_lib.language_list(["lt_a", "lt_b"])
+        streams_lib.language_list(["lt_a", "lt_b"])
 
 
 def test_trainer_writes_the_list_and_load_encoder_uses_it(tmp_path):
@@ -69,5 +69,5 @@ def test_vocabulary_larger_than_the_model_fails_before_training(tmp_path):
                                          r"vocab_size to 8002"):
         _train(tmp_path, "lt_e", num_languages=0, vocab_size=256)
     assert not os.path.exists(tmp_path / "xlm_jax_config.json")
-    assert data_lib.vocabulary_size(["synthetic:mono", "lt_e_en"]) == (8002, "lt_e_en")
+    assert streams_lib.vocabulary_size(["synthetic:mono", "lt_e_en"]) == (8002, "lt_e_en")
 

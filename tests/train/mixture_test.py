@@ -13,7 +13,7 @@ from testlib.tiny_run import train_tiny as _train
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.mlm import MaskedLM
-from xlm_jax.train import data as data_lib
+from xlm_jax.train import streams as streams_lib
 from xlm_jax.train import flops, loop, mixture
 from xlm_jax.train import optim as optim_lib
 from xlm_jax.train import step as step_lib
@@ -64,8 +64,8 @@ def test_alternating_run_equals_a_hand_written_schedule(tmp_path):
     state = jax.jit(lambda r: nn.meta.unbox(init_fn(r)))(jax.random.PRNGKey(0))
     train_step = jax.jit(step_lib.make_train_step(objs, tx, optim_lib.make_schedule(OPT)))
     streams = {
-        "mmlm": data_lib.make_stream("synthetic:mono", 8, 32, 0, 0, cfg.vocab_size),
-        "tlm": data_lib.make_stream("synthetic:pair", 4, 16, 1000, 0, cfg.vocab_size),
+        "mmlm": streams_lib.make_stream("synthetic:mono", 8, 32, 0, 0, cfg.vocab_size),
+        "tlm": streams_lib.make_stream("synthetic:pair", 4, 16, 1000, 0, cfg.vocab_size),
     }
     losses = []
     for name in ["mmlm", "tlm", "mmlm", "tlm", "mmlm"]:

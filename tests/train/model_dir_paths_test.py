@@ -197,16 +197,16 @@ def test_training_run_writes_reads_and_resumes_its_model_dir_on_gcs(gcs, tmp_pat
 
 
 def test_metrics_log_on_gcs_is_visible_while_written_and_appended_on_restart(gcs):
-    from xlm_jax.train import metrics
+    from xlm_jax.train import writers
 
     model_dir = f"gs://{BUCKET}/runs/metrics"
-    w = metrics.MetricsWriter(model_dir, out=io.StringIO())
+    w = writers.MetricsWriter(model_dir, out=io.StringIO())
     w.write_scalars(1, {"loss": 2.0})  # the first flush uploads at once
     assert _jsonl_losses(model_dir) == {1: 2.0}
     w.write_scalars(2, {"loss": 1.5})  # within REMOTE_FLUSH_SECONDS: uploaded at close
     w.close()
     assert _jsonl_losses(model_dir) == {1: 2.0, 2: 1.5}
-    with metrics.MetricsWriter(model_dir, out=io.StringIO()) as again:  # a resumed run
+    with writers.MetricsWriter(model_dir, out=io.StringIO()) as again:  # a resumed run
         again.write_scalars(3, {"loss": 1.0})
     assert _jsonl_losses(model_dir) == {1: 2.0, 2: 1.5, 3: 1.0}
 

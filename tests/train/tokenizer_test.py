@@ -46,24 +46,24 @@ def _tasks(user):
 
 
 def test_spm_model_is_compared_by_content_and_defaults_to_the_tasks(user, tmp_path):
-    from xlm_jax.train import data
+    from xlm_jax.train import streams
 
     tasks = _tasks(user)
     copy = str(tmp_path / "renamed.model")
     shutil.copy(user["spm"], copy)
-    assert data.run_spm_model(copy, tasks) == copy  # same bytes, another name: fine
-    assert data.run_spm_model(None, tasks) == user["spm"]  # unset: the tasks' model
-    assert data.run_spm_model(None, ["synthetic:mono"]) is None
-    assert data.run_spm_model("x.model", ["synthetic:mono"]) == "x.model"  # nothing to compare
+    assert streams.run_spm_model(copy, tasks) == copy  # same bytes, another name: fine
+    assert streams.run_spm_model(None, tasks) == user["spm"]  # unset: the tasks' model
+    assert streams.run_spm_model(None, ["synthetic:mono"]) is None
+    assert streams.run_spm_model("x.model", ["synthetic:mono"]) == "x.model"  # nothing to compare
     with pytest.raises(ValueError, match="is not the SentencePiece model task my_mono"):
-        data.run_spm_model(os.path.join(user_corpus.DEMO, "spm.model"), tasks)
+        streams.run_spm_model(os.path.join(user_corpus.DEMO, "spm.model"), tasks)
 
 
 def test_tasks_of_two_tokenizers_are_refused(user):
     import tasks.demo  # noqa: F401 - registers demo_mono with the demo's model
 
-    from xlm_jax.train import data
+    from xlm_jax.train import streams
 
     with pytest.raises(ValueError, match=r"task .* is tokenised with .* but task .* with .*"
                                          r"\(different models\): a run has one tokenizer"):
-        data.run_spm_model(None, [*_tasks(user), "demo_mono"])
+        streams.run_spm_model(None, [*_tasks(user), "demo_mono"])

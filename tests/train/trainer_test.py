@@ -13,7 +13,7 @@ from testlib.tiny_run import mlm_objectives as _objectives
 from testlib.tiny_run import train_tiny as _train
 from xlm_jax.objectives.base import LossOutput, Metric, Objective, WeightedObjective
 from xlm_jax.objectives.mlm import MaskedLM
-from xlm_jax.train import data as data_lib
+from xlm_jax.train import streams as streams_lib
 from xlm_jax.train import loop, partitioning
 
 
@@ -143,9 +143,9 @@ def test_data_resume_reseed_is_a_deterministic_new_draw(tmp_path):
     assert len(a.losses) == 2 and a.losses == b.losses  # same checkpoint, same batches
     # other batches than the uninterrupted run's (the model and the rng are the same)
     assert all(abs(x - y) > 1e-4 for x, y in zip(a.losses, straight.losses[2:]))
-    assert data_lib.resume_plan(7, 0, "reseed") == (7, 0)  # fresh runs ignore the mode
-    assert data_lib.resume_plan(7, 3, "replay") == (7, 3)
-    assert data_lib.resume_plan(7, 3, "reseed") != data_lib.resume_plan(7, 4, "reseed")
+    assert streams_lib.resume_plan(7, 0, "reseed") == (7, 0)  # fresh runs ignore the mode
+    assert streams_lib.resume_plan(7, 3, "replay") == (7, 3)
+    assert streams_lib.resume_plan(7, 3, "reseed") != streams_lib.resume_plan(7, 4, "reseed")
 
 
 def test_unknown_data_resume_mode_fails_before_anything_is_written(tmp_path):
@@ -170,7 +170,7 @@ def test_language_embedding_model_trains_and_evaluates_on_synthetic_streams(tmp_
     # jnp.take filled that row with NaN and the run stopped at step 1.
     from xlm_jax.data.synthetic import synthetic_batch
 
-    n = data_lib.synthetic_language_count(3)
+    n = streams_lib.synthetic_language_count(3)
     lang_ids = synthetic_batch(64, 32, 256, "pair", seed=0, num_languages=n)["lang_ids"]
     assert set(np.unique(lang_ids)) == {0, 1, 2}  # padding plus the table's two languages
     objectives = _objectives()

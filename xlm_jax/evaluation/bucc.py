@@ -271,7 +271,7 @@ def optimize_threshold(pairs: Mapping[Pair, float], gold: set[Pair]) -> float:
 # ----------------------------------------------------------------------------- evaluation
 
 @dataclasses.dataclass(frozen=True)
-class LanguageScore:
+class MiningScore:
     """One language's scores (precision, recall, f1 on 0-100) at `threshold`."""
 
     precision: float
@@ -286,11 +286,11 @@ class LanguageScore:
         return dataclasses.asdict(self)
 
 
-def score(pairs: Mapping[Pair, float], gold: set[Pair], threshold: float) -> LanguageScore:
+def score(pairs: Mapping[Pair, float], gold: set[Pair], threshold: float) -> MiningScore:
     """`bucc_scores` of the pairs predicted at `threshold`."""
     pred = predict(pairs, threshold)
     s = bucc_scores(gold, pred)
-    return LanguageScore(s["precision"], s["recall"], s["f1"], float(threshold), len(gold),
+    return MiningScore(s["precision"], s["recall"], s["f1"], float(threshold), len(gold),
                          len(pred), len(pairs))
 
 
@@ -328,7 +328,7 @@ class BuccResult:
     threshold_from: str  # a split name, or "given"
     k: int
     strategy: str
-    per_language: dict[str, LanguageScore]
+    per_language: dict[str, MiningScore]
     checkpoint: str | None = None
     step: int | None = None
 

@@ -18,7 +18,7 @@ from xlm_jax import model_dir as md
 from xlm_jax.evaluation.metrics import seqeval as seqeval_lib
 from xlm_jax.evaluation.metrics import squad as squad_lib
 from xlm_jax.finetune import features as feats
-from xlm_jax.objectives import finetune as heads
+from xlm_jax.objectives import task_heads as heads
 
 
 def load_params(run_dir: str, step: int) -> Any:

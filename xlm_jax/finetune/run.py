@@ -5,7 +5,7 @@ papers' table.
 Each seed is one run of the trainer (`xlm_jax.train.loop.train`) in `{model_dir}/seed_{k}`:
 the same mesh, AdamW with layer-wise LR decay, orbax checkpoints with exact resume (a
 SIGKILLed fine-tuning restarts where it was, its data stream rebuilt at the step), metrics.jsonl
-and TensorBoard files. The task head is an objective-owned module (`objectives.finetune`),
+and TensorBoard files. The task head is an objective-owned module (`objectives.task_heads`),
 the encoder starts from `init_from` (an xlm_jax model_dir or an HF XLM-R directory).
 Checkpoints are written every `eval_every` steps (and at the end); each is scored on the dev
 languages of `FinetuneTask.select_on`, the best one (first on ties) on every test language.
@@ -36,7 +36,7 @@ from xlm_jax.finetune import features as feats
 from xlm_jax.finetune import tasks as tasks_lib
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.train import checkpoints as ckpt_lib
-from xlm_jax.train import data as data_lib
+from xlm_jax.train import streams as streams_lib
 from xlm_jax.train import loop, optim, partitioning
 
 RESULTS_JSON = "results.json"
@@ -160,7 +160,7 @@ def finetune(model_dir: str, *, init_from: str = gin.REQUIRED,
     # One objective for scoring every checkpoint of every seed: its jitted forward compiles once.
     objective = factory(model=Transformer(cfg), name=obj_name)
     # The training rows, epoch after epoch: a function of (seed, step), as a resume needs.
-    stream = data_lib.MemoryStream(
+    stream = streams_lib.MemoryStream(
         lambda b, t, s, start: feats.epoch_batches(train_arrays, b, s, start),
         kind=objective.kind, name=f"finetune {task.xtreme_task} train")
     per_seed_test, selected = [], []

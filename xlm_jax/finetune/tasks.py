@@ -23,7 +23,7 @@ import gin
 from xlm_jax.data import xtreme_readers as readers
 from xlm_jax.finetune import evaluate as ev
 from xlm_jax.finetune import features as feats
-from xlm_jax.objectives import finetune as heads
+from xlm_jax.objectives import task_heads as heads
 
 SETTINGS = ("zero_shot", "translate_train_all")
 SELECT_ON = ("en", "all")

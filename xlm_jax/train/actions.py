@@ -34,7 +34,7 @@ from xlm_jax.train import checkpoints as ckpt_lib
 from xlm_jax.train import data_state
 from xlm_jax.train import evaluators as evaluators_lib
 from xlm_jax.train import flops as flops_lib
-from xlm_jax.train import metrics as metrics_lib
+from xlm_jax.train import writers as writers_lib
 from xlm_jax.train import step as step_lib
 from xlm_jax.train.resume import ResumeInfo
 
@@ -98,14 +98,14 @@ class LogMetrics(Action):
     to TensorBoard, metrics.jsonl and the progress display. Keeps what `TrainResult` reports:
     every step's loss, the last logged metrics, every step's token count."""
 
-    def __init__(self, writer: metrics_lib.MetricsWriter, progress: metrics_lib.Progress,
+    def __init__(self, writer: writers_lib.MetricsWriter, progress: writers_lib.Progress,
                  log_every: int, flops_per_token: float):
         self.writer, self.progress = writer, progress
         self.log_every, self.flops_per_token = log_every, flops_per_token
         self.losses: list[float] = []
         self.step_tokens: list[int] = []
         self.last: dict[str, float] = {}
-        self._window = metrics_lib.WindowMean()
+        self._window = writers_lib.WindowMean()
         self._window_tokens, self._window_start = 0, time.perf_counter()
 
     def due(self, end: StepEnd) -> bool:
@@ -140,7 +140,7 @@ class Evaluate(Action):
     evaluator), and all of this step's to `end.scores` for the checkpoint that follows."""
 
     def __init__(self, evaluators: Sequence[evaluators_lib.Evaluator],
-                 writer: metrics_lib.MetricsWriter,
+                 writer: writers_lib.MetricsWriter,
                  ranked: evaluators_lib.Evaluator | None = None):
         self.evaluators, self.writer, self.ranked = list(evaluators), writer, ranked
 

@@ -145,7 +145,7 @@ def check_kinds(objectives: Sequence[Objective], task_kinds: Mapping[str, list[t
 
     `task_kinds[objective name]` = [(task name, kind)] for every seqio Task behind that
     objective's task or mixture (its registered kind), or for its synthetic or in-memory
-    stream (the kind it makes); `train.data.task_kinds` lists them.
+    stream (the kind it makes); `train.streams.task_kinds` lists them.
     """
     for o in objectives:
         missing = sorted(set(o.features()) - set(feature_names(o.kind)))

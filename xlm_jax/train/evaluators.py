@@ -49,7 +49,7 @@ from xlm_jax.evaluation import probe, retrieval
 from xlm_jax.models.config import ModelConfig
 from xlm_jax.objectives.base import ENCODER
 from xlm_jax.train import checkpoints as ckpt_lib
-from xlm_jax.train import data as data_lib
+from xlm_jax.train import streams as streams_lib
 from xlm_jax.train import declarations
 from xlm_jax.train import mixture
 from xlm_jax.train import partitioning
@@ -181,9 +181,9 @@ class HeldOutLoss(Evaluator):
             if name not in specs:
                 raise ValueError(f"HeldOutLoss.tasks[{name!r}]: no objective {name!r} in the "
                                  f"mixture ({', '.join(specs)})")
-            if ctx.check_tasks and data_lib.is_seqio(task):
+            if ctx.check_tasks and streams_lib.is_seqio(task):
                 try:
-                    kinds = data_lib.task_kinds(task)
+                    kinds = streams_lib.task_kinds(task)
                 except Exception as e:  # noqa: BLE001 - seqio's own unknown-task error
                     raise ValueError(f"HeldOutLoss: the held-out task {task!r} of objective "
                                      f"{name!r}: {str(e).splitlines()[0]}") from None
@@ -196,9 +196,9 @@ class HeldOutLoss(Evaluator):
         ctx, sums = self._ctx, {}
         for name, task in self._tasks.items():
             shape = ctx.shapes[name]
-            s = data_lib.make_stream(
+            s = streams_lib.make_stream(
                 task, shape.batch_size, shape.seq_len, ctx.seed + 7, 0, ctx.model.vocab_size,
-                num_languages=data_lib.synthetic_language_count(ctx.model.num_languages))
+                num_languages=streams_lib.synthetic_language_count(ctx.model.num_languages))
             for i in range(self.num_batches):
                 batch = {name: setup.global_batch(next(s), ctx.mesh)}
                 m = jax.device_get(self._eval_fn(state_or_params, batch, jax.random.PRNGKey(i)))

@@ -33,7 +33,7 @@ from xlm_jax.data.features import example_kind
 from xlm_jax.data.synthetic import synthetic_batch
 from xlm_jax.models import attention_backends
 from xlm_jax.objectives.base import WeightedObjective, init_params, objective_loss
-from xlm_jax.train import data as data_lib
+from xlm_jax.train import streams as streams_lib
 from xlm_jax.models.flops import (  # noqa: F401  (re-exported: the trainer's API)
     encoder_flops, head_flops, memory_projection_flops, train_flops_per_token)
 
@@ -113,7 +113,7 @@ def jaxpr_flops_per_example(objective: Any, seq_len: int, rows: int = 2) -> floa
     state = jax.eval_shape(lambda p: nn.meta.unbox(objective.init_state(p)), params)
     batch = {k: jax.numpy.asarray(v) for k, v in synthetic_batch(
         rows, seq_len, cfg.vocab_size, objective.kind, seed=0,
-        num_languages=data_lib.synthetic_language_count(cfg.num_languages)).items()}
+        num_languages=streams_lib.synthetic_language_count(cfg.num_languages)).items()}
     prepared = objective.prepare(batch, jax.random.PRNGKey(1))
     counts = objective.counts(prepared)
 

@@ -23,10 +23,10 @@ from xlm_jax.models.config import ModelConfig, get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.train import actions as actions_lib
 from xlm_jax.train import checkpoints as ckpt_lib
-from xlm_jax.train import data as data_lib
+from xlm_jax.train import streams as streams_lib
 from xlm_jax.train import evaluators as evaluators_lib
 from xlm_jax.train import flops as flops_lib
-from xlm_jax.train import metrics as metrics_lib
+from xlm_jax.train import writers as writers_lib
 from xlm_jax.train import mixture
 from xlm_jax.train import optim as optim_lib
 from xlm_jax.train import partitioning
@@ -102,7 +102,7 @@ def train(model_dir: str,
     each seqio stream's position with every checkpoint and restores it, exact and in a time
     independent of the step; `xlm_jax.train.data_state`), "replay" (exact, costs the
     pipeline time of the skipped batches) or "reseed" (immediate, reseeded sampling but the
-    file sources start over); see `xlm_jax.train.data.resume_plan`.
+    file sources start over); see `xlm_jax.train.streams.resume_plan`.
     `loss_normalization`: "per_objective" (each objective's loss is a mean over its own units)
     or "pooled" (unilm InfoXLM: loss sums over all units); see `step.make_train_step`.
     `profile_steps` > 0 records a `jax.profiler` trace of that many steps from step index
@@ -124,7 +124,7 @@ def train(model_dir: str,
     Progress lines go to stdout (`contextlib.redirect_stdout` to silence them).
     """
     # ---- setup: everything that can fail does so here, before anything is compiled
-    data_lib.resume_plan(seed, 0, data_resume)  # a bad mode fails before anything is built
+    streams_lib.resume_plan(seed, 0, data_resume)  # a bad mode fails before anything is built
     if loss_normalization not in step_lib.LOSS_NORMALIZATIONS:
         raise ValueError(f"loop.train.loss_normalization={loss_normalization!r}: expected one "
                          f"of {', '.join(step_lib.LOSS_NORMALIZATIONS)}")
@@ -133,12 +133,12 @@ def train(model_dir: str,
     device_mesh = partitioning.make_mesh(mesh, jax.devices()[:num_devices] if num_devices else None)
     setup.check_batches(shapes, batch_size, accum_steps, device_mesh)
     if not force_synthetic:  # synthetic runs (the benchmark) must not need TensorFlow
-        data_lib.import_modules(task_modules)
+        streams_lib.import_modules(task_modules)
     # the seqio tasks/mixtures the run reads (none when every stream is synthetic)
     seqio_tasks = [] if force_synthetic else [
-        spec.task for spec in objectives.values() if data_lib.is_seqio(spec.task)]
+        spec.task for spec in objectives.values() if streams_lib.is_seqio(spec.task)]
     languages = setup.check_tasks(model, seqio_tasks)
-    spm_model = data_lib.run_spm_model(spm_model, seqio_tasks)  # the tasks' tokenizer
+    spm_model = streams_lib.run_spm_model(spm_model, seqio_tasks)  # the tasks' tokenizer
     evals = evaluators_lib.check_evaluators(evaluators)
     net = Transformer(model)
     objs, rules = setup.build_objectives(net, objectives, axis_rule_overrides, optimizer,
@@ -162,7 +162,7 @@ def train(model_dir: str,
     with partitioning.activate(device_mesh, rules), watch:
         state, resume = setup.initial_state(ckpt, parts, objs, model, seed, init_from,
                                             model_dir, seqio_tasks)
-        tasks = {name: (f"{data_lib.SYNTHETIC}{o.objective.kind}" if force_synthetic else spec.task)
+        tasks = {name: (f"{streams_lib.SYNTHETIC}{o.objective.kind}" if force_synthetic else spec.task)
                  for o, (name, spec) in zip(objs, objectives.items())}
         streams, built = setup.make_streams(tasks, shapes, seed, resume, data_resume, model,
                                             model_dir)
@@ -171,10 +171,10 @@ def train(model_dir: str,
         step_fn = setup.jit_train_step(objs, parts, device_mesh, accum_steps, loss_normalization)
 
         # ---- the actions, in the order they run after each step
-        writer = metrics_lib.MetricsWriter(model_dir, is_primary=is_primary,
+        writer = writers_lib.MetricsWriter(model_dir, is_primary=is_primary,
                                            resume_step=resume.step)
         log = actions_lib.LogMetrics(
-            writer, metrics_lib.Progress(train_steps, out=sys.stdout, log_every=log_every,
+            writer, writers_lib.Progress(train_steps, out=sys.stdout, log_every=log_every,
                                          is_primary=is_primary,
                                          start_step=resume.step),
             log_every, flops_per_token)

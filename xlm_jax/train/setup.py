@@ -25,7 +25,7 @@ from xlm_jax.models.config import ModelConfig
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import Objective
 from xlm_jax.train import checkpoints as ckpt_lib
-from xlm_jax.train import data as data_lib
+from xlm_jax.train import streams as streams_lib
 from xlm_jax.train import data_state
 from xlm_jax.train import declarations
 from xlm_jax.train import mixture
@@ -41,9 +41,9 @@ class ObjectiveSpec:
 
     factory: Callable[..., Objective]  # called as factory(model=..., name=...)
     # A seqio task/mixture name, synthetic:KIND, or a stream object (data.MemoryStream)
-    task: data_lib.Task = "synthetic:mono"
+    task: streams_lib.Task = "synthetic:mono"
     weight: float = 1.0
-    eval_task: data_lib.Task | None = None  # a held-out task for periodic eval (None: no eval)
+    eval_task: streams_lib.Task | None = None  # a held-out task for periodic eval (None: no eval)
     # Its own global rows / row length per batch (None: loop.train's batch_size / seq_len),
     # and the steps it runs at: 0-based steps s with s % every == offset (see train.mixture).
     batch_size: int | None = None
@@ -101,12 +101,12 @@ def _check_batch(batch_size: int, accum_steps: int, mesh: jax.sharding.Mesh,
 def check_tasks(model: ModelConfig, seqio_tasks: Sequence[str]) -> list[str] | None:
     """The tasks' language table, after checking that the model's language and token tables
     are large enough for them (an id past a table gives NaN rows, not an error, in JAX)."""
-    languages = data_lib.language_list(seqio_tasks)
+    languages = streams_lib.language_list(seqio_tasks)
     if languages and model.num_languages and model.num_languages < len(languages) + 1:
         raise ValueError(f"model num_languages={model.num_languages} is too small for the "
                          f"tasks' language list of {len(languages)} languages (lang_ids go up "
                          f"to {len(languages)}; set num_languages >= {len(languages) + 1})")
-    vocab = data_lib.vocabulary_size(seqio_tasks)
+    vocab = streams_lib.vocabulary_size(seqio_tasks)
     if vocab and vocab[0] > model.vocab_size:
         raise ValueError(f"task {vocab[1]} has a vocabulary of {vocab[0]} ids but the model has "
                          f"vocab_size={model.vocab_size}; set the model's vocab_size to "
@@ -207,7 +207,7 @@ def build_objectives(net: Transformer, specs: Mapping[str, ObjectiveSpec],
     objs = [step_lib.WeightedObjective(spec.factory(model=net, name=name), spec.weight)
             for name, spec in specs.items()]
     plain = [o.objective for o in objs]
-    declarations.check_kinds(plain, {o.name: data_lib.task_kinds(specs[o.name].task)
+    declarations.check_kinds(plain, {o.name: streams_lib.task_kinds(specs[o.name].task)
                                      for o in objs} if check_tasks else {})
     owners = declarations.module_owners(plain)
     rules = declarations.merge_rules(partitioning.standard_logical_axis_rules(), plain,
@@ -250,7 +250,7 @@ def build_state(net: Transformer, objs: Sequence[step_lib.WeightedObjective],
     for o in objs:
         o.objective.bind_languages(languages)
         if check_tasks:
-            task_codes = data_lib.task_languages(specs[o.name].task)
+            task_codes = streams_lib.task_languages(specs[o.name].task)
             if task_codes:
                 o.objective.check_task_languages(task_codes)
     schedule = optim_lib.make_schedule(optimizer)
@@ -275,7 +275,7 @@ def jit_train_step(objs: Sequence[step_lib.WeightedObjective], parts: StateParts
         donate_argnums=(0,))
 
 
-def make_streams(tasks: Mapping[str, data_lib.Task], shapes: Mapping[str, mixture.Shape],
+def make_streams(tasks: Mapping[str, streams_lib.Task], shapes: Mapping[str, mixture.Shape],
                  seed: int, resume: ResumeInfo, data_resume: str, model: ModelConfig, model_dir: str
                  ) -> tuple[dict[str, Any], dict[str, data_state.SavedStream]]:
     """Each objective's input stream at its position after step `resume.step`, and how each
@@ -289,7 +289,7 @@ def make_streams(tasks: Mapping[str, data_lib.Task], shapes: Mapping[str, mixtur
     streams, built, replayed = {}, {}, []
     for i, (name, task) in enumerate(tasks.items()):
         shape = shapes[name]
-        here = data_state.SavedStream(seed + 1000 * i, data_lib.task_label(task),
+        here = data_state.SavedStream(seed + 1000 * i, streams_lib.task_label(task),
                                       shape.batch_size, shape.seq_len)
         path = data_state.saved_stream(
             resume, name, here, model_dir, jax.process_index(), jax.process_count()
@@ -297,18 +297,18 @@ def make_streams(tasks: Mapping[str, data_lib.Task], shapes: Mapping[str, mixtur
         if path is not None:
             stream_seed, position = resume.data_state[name]["seed"], 0
         else:
-            stream_seed, position = data_lib.resume_plan(here.seed, shape.runs_before(start),
+            stream_seed, position = streams_lib.resume_plan(here.seed, shape.runs_before(start),
                                                          data_resume)
-            if position and data_lib.is_seqio(task):
+            if position and streams_lib.is_seqio(task):
                 replayed.append(name)
-        streams[name] = data_lib.make_stream(
+        streams[name] = streams_lib.make_stream(
             task, shape.batch_size, shape.seq_len, stream_seed, position, model.vocab_size,
-            num_languages=data_lib.synthetic_language_count(model.num_languages))
+            num_languages=streams_lib.synthetic_language_count(model.num_languages))
         if path is not None:
             streams[name].restore(path)
         built[name] = dataclasses.replace(here, seed=stream_seed)
     if start:
-        restored = [n for n in tasks if n not in replayed and data_lib.is_seqio(tasks[n])]
+        restored = [n for n in tasks if n not in replayed and streams_lib.is_seqio(tasks[n])]
         if restored:
             print(f"restored the input position of {', '.join(restored)}", flush=True)
         if replayed:

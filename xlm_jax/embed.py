@@ -1,4 +1,4 @@
-"""`python -m xlm_jax.encode --model DIR --input FILE --layer 8 --pool mean --out FILE.npy`.
+"""`python -m xlm_jax.embed --model DIR --input FILE --layer 8 --pool mean --out FILE.npy`.
 
 Embeds each line of FILE (UTF-8, one sentence per line) with the model's SentencePiece model and
 saves a float32 array [num_lines, hidden] to FILE.npy: `Encoder.embed`, the same vectors as
@@ -16,7 +16,7 @@ from xlm_jax import cli_help
 def main(argv: list[str] | None = None) -> int:
     from xlm_jax.cli_help import HelpFormatter
 
-    p = cli_help.Parser(prog="python -m xlm_jax.encode", description=__doc__,
+    p = cli_help.Parser(prog="python -m xlm_jax.embed", description=__doc__,
                         formatter_class=HelpFormatter)
     p.add_argument("--model", required=True, help="HF XLM-R dir or xlm_jax model dir")
     p.add_argument("--input", required=True, help="text file, one sentence per line")

@@ -1,4 +1,4 @@
-"""Tests for xlm_jax.train.metrics: TensorBoard events read back by TensorBoard, JSONL, Progress."""
+"""Tests for xlm_jax.train.writers: TensorBoard events read back by TensorBoard, JSONL, Progress."""
 from __future__ import annotations
 
 import io
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from xlm_jax.train import metrics
+from xlm_jax.train import writers
 
 
 def _read_tb(logdir):
@@ -22,7 +22,7 @@ def _read_tb(logdir):
 
 def test_scalars_round_trip_through_tensorboard_and_jsonl(tmp_path):
     losses = [5.25, 4.5, 3.875, 3.0625]
-    with metrics.MetricsWriter(str(tmp_path), out=io.StringIO()) as w:
+    with writers.MetricsWriter(str(tmp_path), out=io.StringIO()) as w:
         for i, loss in enumerate(losses):
             # numpy scalars (what device_get gives) and python floats are both accepted.
             w.write_scalars(10 * (i + 1), {"loss": np.float32(loss), "lr": 1e-4 * (i + 1)})
@@ -43,11 +43,11 @@ def test_scalars_round_trip_through_tensorboard_and_jsonl(tmp_path):
 
 def test_jsonl_appends_across_writers_and_eval_is_echoed(tmp_path):
     out = io.StringIO()
-    w = metrics.MetricsWriter(str(tmp_path), out=out)
+    w = writers.MetricsWriter(str(tmp_path), out=out)
     w.write_scalars(1, {"loss": 1.0})
     w.close()
     w.close()  # idempotent
-    w2 = metrics.MetricsWriter(str(tmp_path), out=out)  # a restart appends
+    w2 = writers.MetricsWriter(str(tmp_path), out=out)  # a restart appends
     w2.write_scalars(2, {"xnli_acc": 0.8125}, prefix="eval")
     w2.close()
     steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -60,11 +60,11 @@ def test_jsonl_appends_across_writers_and_eval_is_echoed(tmp_path):
 def test_non_primary_writes_nothing(tmp_path):
     out = io.StringIO()
     model_dir = tmp_path / "run"
-    w = metrics.MetricsWriter(str(model_dir), is_primary=False, out=out)
+    w = writers.MetricsWriter(str(model_dir), is_primary=False, out=out)
     w.write_scalars(1, {"loss": 1.0})
     w.write_scalars(1, {"acc": 1.0}, prefix="eval")
     w.close()
-    p = metrics.Progress(10, out=out, log_every=1, is_primary=False)
+    p = writers.Progress(10, out=out, log_every=1, is_primary=False)
     p.update(10, {"loss": 1.0})
     p.close()
     assert not model_dir.exists()
@@ -72,7 +72,7 @@ def test_non_primary_writes_nothing(tmp_path):
 
 
 def test_bad_values_and_dirs_name_the_problem(tmp_path):
-    w = metrics.MetricsWriter(str(tmp_path / "ok"), out=io.StringIO())
+    w = writers.MetricsWriter(str(tmp_path / "ok"), out=io.StringIO())
     with pytest.raises(ValueError, match=r"metric 'loss': value 'high' is not a scalar number"):
         w.write_scalars(1, {"loss": "high"})
     with pytest.raises(ValueError, match=r"metric 'v': value .* is not a scalar number"):
@@ -83,7 +83,7 @@ def test_bad_values_and_dirs_name_the_problem(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a dir")
     with pytest.raises(OSError, match=r"metrics: cannot write to model_dir '.*file/run'"):
-        metrics.MetricsWriter(str(blocker / "run"))
+        writers.MetricsWriter(str(blocker / "run"))
 
 
 class _Stream(io.StringIO):
@@ -97,7 +97,7 @@ class _Stream(io.StringIO):
 
 def test_progress_plain_lines_every_n_steps():
     out = _Stream(tty=False)
-    p = metrics.Progress(25, out=out, log_every=10)
+    p = writers.Progress(25, out=out, log_every=10)
     for step in range(1, 26):
         p.update(step, {"loss": 2.0})
     p.close()
@@ -109,7 +109,7 @@ def test_progress_plain_lines_every_n_steps():
 
 def test_progress_bar_rewrites_one_line_on_a_tty():
     out = _Stream(tty=True)
-    p = metrics.Progress(4, out=out, min_interval_s=0.0)
+    p = writers.Progress(4, out=out, min_interval_s=0.0)
     for step in range(1, 5):
         p.update(step, {"loss": 1.5})
     p.close()
@@ -125,7 +125,7 @@ def test_progress_bar_fits_the_terminal_and_shows_the_loss_first(monkeypatch):
     monkeypatch.setenv("COLUMNS", "60")  # shutil.get_terminal_size reads it first
     scalars = {f"objective{i}/accuracy": 0.5 for i in range(12)} | {"loss": 3.25}
     out = _Stream(tty=True)
-    p = metrics.Progress(4, out=out, min_interval_s=0.0)
+    p = writers.Progress(4, out=out, min_interval_s=0.0)
     for step in range(1, 5):
         p.update(step, scalars)
     p.close()
@@ -133,16 +133,16 @@ def test_progress_bar_fits_the_terminal_and_shows_the_loss_first(monkeypatch):
     assert len(drawn) == 4 and all(len(seg.rstrip("\n")) == 59 for seg in drawn), drawn
     assert all(" train " in seg and " loss=3.25 " in seg for seg in drawn)
     log = _Stream(tty=False)
-    metrics.Progress(4, out=log, log_every=4).update(4, scalars)
+    writers.Progress(4, out=log, log_every=4).update(4, scalars)
     assert len(log.getvalue()) > 300 and "objective11/accuracy=0.5" in log.getvalue()
 
 
 def test_core_modules_do_not_load_tensorflow(tmp_path):
     """optim, checkpoints, metrics (writing an event file) and masking stay TF-free."""
     code = ("import sys\n"
-            "from xlm_jax.train import metrics, optim, checkpoints\n"
+            "from xlm_jax.train import writers, optim, checkpoints\n"
             "from xlm_jax.objectives import masking\n"
-            f"w = metrics.MetricsWriter({str(tmp_path)!r}); w.write_scalars(1, {{'a': 1.0}})\n"
+            f"w = writers.MetricsWriter({str(tmp_path)!r}); w.write_scalars(1, {{'a': 1.0}})\n"
             "w.close()\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow'))\n")
     repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -158,12 +158,12 @@ def test_a_resumed_writer_drops_the_steps_after_its_checkpoint_once_each(tmp_pat
     """A run killed at step 5 after its step-3 checkpoint logged steps 4-5; the resumed run
     trains them again. Every step must be in metrics.jsonl and in TensorBoard once, with the
     resumed run's values."""
-    with metrics.MetricsWriter(str(tmp_path), out=None) as w:
+    with writers.MetricsWriter(str(tmp_path), out=None) as w:
         for step in range(1, 6):
             w.write_scalars(step, {"loss": 10.0 + step})
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write("not json\n")  # a line the reader cannot parse is kept, not lost
-    with metrics.MetricsWriter(str(tmp_path), out=None, resume_step=3) as w:
+    with writers.MetricsWriter(str(tmp_path), out=None, resume_step=3) as w:
         for step in range(4, 7):
             w.write_scalars(step, {"loss": 20.0 + step})
     lines = open(tmp_path / "metrics.jsonl").read().splitlines()
