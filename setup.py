@@ -5,8 +5,10 @@ seqio are the `data` extra, because machines with accelerators often have no Ten
 
 A wheel (`pip install .`, not only `-e`) carries what a run reads besides the code:
 `gin_configs/` installs as `xlm_jax/gin_configs/` (`xlm_jax.train.gin_utils` searches it), and
-`tasks/` (the seqio registrations the gin files import, `task_modules = ['tasks.demo']`)
-installs as the top-level package `tasks` with its demo corpus `tasks/demo_data/`.
+`tasks/` (the seqio registrations the gin files import, `task_modules = ['xlm_jax_tasks.demo']`)
+installs as the top-level package `xlm_jax_tasks` with its demo corpus
+(`xlm_jax_tasks/demo_data/`): the folder keeps the name users know, the installed package a
+name no other project's `tasks` package collides with.
 """
 import os
 
@@ -104,15 +106,17 @@ def _gin_config_packages() -> dict[str, str]:
 
 
 GIN_PACKAGES = _gin_config_packages()
+TASKS_PACKAGE = "xlm_jax_tasks"  # the repository's tasks/ folder, installed under this name
 
 setup(
     name="xlm_jax",
     version="0.1.0",
     description="Cross-lingual Transformer encoder pre-training (XLM-R, XLM-E, InfoXLM, ERNIE-M, VECO) in JAX/Flax",
-    packages=(find_packages(include=["xlm_jax", "xlm_jax.*", "tasks"]) + sorted(GIN_PACKAGES)),
-    package_dir=GIN_PACKAGES,
+    packages=(find_packages(include=["xlm_jax", "xlm_jax.*"]) + [TASKS_PACKAGE]
+              + sorted(GIN_PACKAGES)),
+    package_dir={TASKS_PACKAGE: "tasks", **GIN_PACKAGES},
     package_data={
-        "tasks": ["demo_data/" + f for f in _data_files_under("tasks/demo_data")],
+        TASKS_PACKAGE: ["demo_data/" + f for f in _data_files_under("tasks/demo_data")],
         **{pkg: ["*.gin"] for pkg in GIN_PACKAGES},
     },
     python_requires=PYTHON_REQUIRES,

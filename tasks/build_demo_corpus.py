@@ -6,7 +6,7 @@ translation (msgstr), so one download gives monolingual text in ~90 languages, E
 parallel data, and a held-out retrieval test set, all under BSD licences. Get the wheels with
 
     pip download --no-deps django==5.2.19 wagtail==8.0.1 -d wheels/
-    python -m tasks.build_demo_corpus --wheels wheels/ --out tasks/demo_data
+    python -m xlm_jax_tasks.build_demo_corpus --wheels wheels/ --out tasks/demo_data
 
 run from the repository root (`tasks` is a plain package there, not an installed one).
 
@@ -75,7 +75,7 @@ XTREME_TATOEBA = frozenset(
 HELDOUT_SIZE = 300
 MIN_LINES = 20  # languages/pairs with fewer kept lines are left out of mono/parallel
 
-from tasks.po_catalogs import PoEntry, parse_po, translated_pairs  # noqa: E402,F401  (re-exported)
+from xlm_jax_tasks.po_catalogs import PoEntry, parse_po, translated_pairs  # noqa: E402,F401  (re-exported)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -371,7 +371,7 @@ their licences are in `LICENSE-django.txt` and `LICENSE-wagtail.txt`.
 
 ```
 pip download --no-deps {' '.join(PINNED_WHEELS)} -d wheels/
-python -m tasks.build_demo_corpus --wheels wheels/ --out tasks/demo_data
+python -m xlm_jax_tasks.build_demo_corpus --wheels wheels/ --out tasks/demo_data
 ```
 
 The build is deterministic: the same wheels give byte-identical files (the SentencePiece model

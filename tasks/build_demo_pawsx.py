@@ -1,6 +1,6 @@
 """The demo's cross-lingual transfer task, "translation or near miss?", in PAWS-X's layout.
 
-    python -m tasks.build_demo_pawsx --out tasks/demo_data/pawsx
+    python -m xlm_jax_tasks.build_demo_pawsx --out tasks/demo_data/pawsx
 
 From the demo corpus's held-out Tatoeba split (`tasks/demo_data/tatoeba`: English interface
 strings of Django and Wagtail with their translations, none of them in the pre-training
@@ -121,7 +121,7 @@ def build(out_dir: str, tatoeba_dir: str = TATOEBA) -> dict[str, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = cli_help.Parser(prog="python -m tasks.build_demo_pawsx", description=__doc__,
+    p = cli_help.Parser(prog="python -m xlm_jax_tasks.build_demo_pawsx", description=__doc__,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="output folder (PAWS-X layout)")
     p.add_argument("--tatoeba_dir", default=TATOEBA)

@@ -3,7 +3,7 @@
 CC-100 layout: `{data_dir}/{lang}.txt` (optionally `.xz`/`.gz`), one sentence per line,
 documents separated by blank lines. Example:
 
-    from tasks import cc100
+    from xlm_jax_tasks import cc100
     cc100.register_cc100("/data/cc100", ["en", "de", "sw"], "/models/xlmr.spm.model")
     # -> tasks cc100_en, cc100_de, cc100_sw and the mixture cc100 (alpha = 0.3)
 """

@@ -4,7 +4,7 @@ Layouts: `{data_dir}/{src}-{tgt}.{src}` + `{data_dir}/{src}-{tgt}.{tgt}` (line a
 optionally `.xz`/`.gz`; `{tgt}-{src}.*` is found too) or `{data_dir}/{src}-{tgt}.tsv`
 (`src<TAB>tgt`). Example:
 
-    from tasks import parallel
+    from xlm_jax_tasks import parallel
     parallel.register_opus("/data/opus", ["en-de", "en-sw"], "/models/xlmr.spm.model")
     # -> tasks opus_en_de, opus_en_sw and the mixture opus
 """

@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                         "smaller model; none: the league's defaults")
     p.add_argument("--layer", default="all",
                    help="layer for the table ('all': each model at its best layer)")
-    p.add_argument("--tatoeba_dir", default=os.path.join(REPO_ROOT, "tasks", "demo_data", "tatoeba"),
+    p.add_argument("--tatoeba_dir", default=gin_utils.shipped_path("tasks/demo_data/tatoeba")
+                   or os.path.join(REPO_ROOT, "tasks", "demo_data", "tatoeba"),
                    help="held-out Tatoeba-layout folder the retrieval is scored on")
     args = p.parse_args(gin_utils.rewrite_gin_args(list(sys.argv[1:] if argv is None
                                                         else argv)))

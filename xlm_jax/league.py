@@ -311,7 +311,7 @@ def tatoeba_dir(config: plan.LeagueConfig) -> str:
     path = config.tatoeba_dir
     if os.path.isabs(path) or os.path.exists(path):
         return os.path.abspath(path)
-    return os.path.join(gin_utils.PACKAGE_ROOT, path)
+    return gin_utils.shipped_path(path) or os.path.join(gin_utils.PACKAGE_ROOT, path)
 
 
 def score_model(model_dir: str, work_dir: str, config: plan.LeagueConfig, log_path: str

@@ -19,7 +19,7 @@ from xlm_jax.data import vocab
 REPO = pathlib.Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # `tasks` is a plain package at the repository root
     sys.path.insert(0, str(REPO))
-from tasks import build_demo_corpus as bdc  # noqa: E402
+from xlm_jax_tasks import build_demo_corpus as bdc  # noqa: E402
 
 DATA = REPO / "tasks" / "demo_data"
 REQUIRED = ("ru", "ar", "zh", "ja", "hi", "el", "he")
@@ -81,7 +81,7 @@ def test_files_exist_and_size(stats):
         assert "Redistribution and use in source and binary forms" in (DATA / name).read_text()
     readme = (DATA / "README.md").read_text(encoding="utf-8")
     assert "django==5.2.19" in readme and "wagtail==8.0.1" in readme
-    assert "python -m tasks.build_demo_corpus" in readme
+    assert "python -m xlm_jax_tasks.build_demo_corpus" in readme
     total = sum(p.stat().st_size for p in DATA.rglob("*") if p.is_file())
     assert total <= 10 * 1024 * 1024, total
     expected = {f"{lang}.txt.xz" for lang in stats["mono"]}

@@ -9,7 +9,7 @@ import pytest
 import seqio
 import tensorflow as tf
 
-import tasks.demo  # noqa: F401  (registers the demo tasks)
+import xlm_jax_tasks.demo  # noqa: F401  (registers the demo tasks)
 from xlm_jax.data import block_reader, pipeline
 
 

@@ -349,7 +349,7 @@ def test_tfds_source_with_a_tiny_local_dataset(corpus, tmp_path):
 
 
 def test_unknown_task_name_lists_registered_names():
-    with pytest.raises(ValueError, match="unknown task or mixture 'no_such_task'.*tasks.demo"):
+    with pytest.raises(ValueError, match="unknown task or mixture 'no_such_task'.*xlm_jax_tasks.demo"):
         registry.get_provider("no_such_task")
 
 
@@ -362,9 +362,9 @@ needs_demo = pytest.mark.skipif(not os.path.isfile(os.path.join(DEMO_DIR, "spm.m
 
 @pytest.fixture(scope="module")
 def demo():
-    import tasks.demo  # pylint: disable=import-outside-toplevel
+    import xlm_jax_tasks.demo  # pylint: disable=import-outside-toplevel
 
-    return tasks.demo
+    return xlm_jax_tasks.demo
 
 
 def _first_example(task_name, length=32):

@@ -14,8 +14,8 @@ LANGUAGES = ("en", "de")
 
 # The task module of the walk-through (docs/adding_a_corpus.md), with the paths filled in.
 TASK_MODULE = '''\
-from tasks.cc100 import register_cc100
-from tasks.parallel import register_opus
+from xlm_jax_tasks.cc100 import register_cc100
+from xlm_jax_tasks.parallel import register_opus
 
 SPM = {spm!r}
 register_cc100({mono!r}, languages=["en", "de"], spm_path=SPM, name_prefix="my_mono",

@@ -16,7 +16,7 @@ import pytest
 import seqio
 from etils import epath
 
-import tasks.demo  # noqa: F401  (registers the demo tasks)
+import xlm_jax_tasks.demo  # noqa: F401  (registers the demo tasks)
 from tests.testlib import tiny_run
 from xlm_jax.objectives.mlm import MaskedLM
 from xlm_jax import model_dir as md
@@ -41,7 +41,7 @@ def _train(model_dir, steps, pairs="state_pairs", **kw):
     out = io.StringIO()
     result = tiny_run.train_tiny(model_dir, steps, objectives=_specs(pairs),
                                  model={"vocab_size": 8002}, batch=4, save_every=3,
-                                 task_modules=["tasks.demo"], out=out, **kw)
+                                 task_modules=["xlm_jax_tasks.demo"], out=out, **kw)
     return result, out.getvalue()
 
 

@@ -51,5 +51,5 @@ def test_btmlm_target_not_in_the_language_list_fails_before_compiling(tmp_path):
                                          r"target_languages has 'xx': language 'xx' is not in "
                                          r"the language list \(116 languages"):
         _train(tmp_path, 2, objectives=_ernie_m("demo_mono", ("de", "xx")),
-               model={"vocab_size": 8002, "num_languages": 117}, task_modules=["tasks.demo"])
+               model={"vocab_size": 8002, "num_languages": 117}, task_modules=["xlm_jax_tasks.demo"])
     assert md.checkpoint_steps(str(tmp_path)) == []

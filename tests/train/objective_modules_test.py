@@ -210,7 +210,7 @@ def test_task_of_the_wrong_kind_fails_before_compiling_naming_both(tmp_path):
         tmp_path, specs,
         r"objective 'tlm' \(MaskedLM\) reads examples of kind 'pair', but task demo_mono_\w+ "
         r"\(in demo_mono\) holds examples of kind 'mono'",
-        model={"vocab_size": 8002}, task_modules=["tasks.demo"])
+        model={"vocab_size": 8002}, task_modules=["xlm_jax_tasks.demo"])
 
 
 def test_checkpoint_from_before_the_split_loads_as_encoder_and_refuses_resume(tmp_path):

@@ -92,14 +92,16 @@ def test_wheel_carries_every_gin_file_and_the_demo_corpus(installed):
     data = _repo_files("tasks/demo_data")
     assert {"tasks/demo_data/spm.model", "tasks/demo_data/mono/en.txt.xz"} <= data
     assert any(f.startswith("tasks/demo_data/tatoeba/") for f in data)
-    missing = sorted((data | _repo_files("tasks")) - names)
+    # the folder tasks/ installs as the package xlm_jax_tasks (setup.py)
+    in_wheel = {"xlm_jax_tasks/" + f[len("tasks/"):] for f in data | _repo_files("tasks")}
+    missing = sorted(in_wheel - names)
     assert not missing, f"tasks files not in the wheel: {missing[:5]}"
 
 
 def test_train_help_from_outside_the_repository(installed):
     _, site, _ = installed
-    r = _run(installed, ["-c", "import tasks, xlm_jax; print(xlm_jax.__file__); "
-                               "print(tasks.__file__)"])
+    r = _run(installed, ["-c", "import xlm_jax_tasks, xlm_jax; print(xlm_jax.__file__); "
+                               "print(xlm_jax_tasks.__file__)"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert [os.path.dirname(os.path.dirname(p)) for p in r.stdout.split()] == [site, site]
     for flag in ("--help", "--helpfull"):
@@ -114,8 +116,8 @@ import gin
 from xlm_jax.train import gin_utils
 print(*gin_utils.parse(['demo/mmlm_tlm.gin'], []))
 print(gin.query_parameter('xlm_jax.train.loop.train.spm_model'))
-import tasks.demo
-print(tasks.demo.SPM_PATH, len(tasks.demo.LANGUAGES), len(tasks.demo.PAIRS))
+import xlm_jax_tasks.demo
+print(xlm_jax_tasks.demo.SPM_PATH, len(xlm_jax_tasks.demo.LANGUAGES), len(xlm_jax_tasks.demo.PAIRS))
 """
 
 
@@ -128,8 +130,8 @@ def test_gin_files_and_demo_data_resolve_to_the_installed_wheel(installed):
     gin_file, spm, (spm_of_tasks, n_mono, n_pairs) = (
         [line.split() for line in r.stdout.strip().splitlines()][-3:])
     assert gin_file == [os.path.join(site, "xlm_jax", "gin_configs", "demo", "mmlm_tlm.gin")]
-    assert spm == [os.path.join(site, "tasks", "demo_data", "spm.model")]
-    assert spm_of_tasks == os.path.join(site, "tasks", "demo_data", "spm.model")
+    assert spm == [os.path.join(site, "xlm_jax_tasks", "demo_data", "spm.model")]
+    assert spm_of_tasks == os.path.join(site, "xlm_jax_tasks", "demo_data", "spm.model")
     assert int(n_mono) > 70 and int(n_pairs) > 70  # the whole corpus was installed
 
 
@@ -150,7 +152,7 @@ def test_two_step_demo_run_from_the_installed_wheel(installed, tmp_path):
     assert f"done: 2 steps in {model_dir}" in r.stdout
     assert "warmup_steps=50 > total_steps=2" in r.stderr
     operative = (model_dir / "operative_config.gin").read_text()
-    spm = os.path.join(site, "tasks", "demo_data", "spm.model")
+    spm = os.path.join(site, "xlm_jax_tasks", "demo_data", "spm.model")
     bound = re.search(r"loop\.train\.spm_model = \\?\s*'([^']*)'", operative)  # may wrap
     assert bound and bound[1] == spm, operative
     assert (model_dir / "spm.model").read_bytes() == open(spm, "rb").read()

@@ -60,7 +60,7 @@ def test_spm_model_is_compared_by_content_and_defaults_to_the_tasks(user, tmp_pa
 
 
 def test_tasks_of_two_tokenizers_are_refused(user):
-    import tasks.demo  # noqa: F401 - registers demo_mono with the demo's model
+    import xlm_jax_tasks.demo  # noqa: F401 - registers demo_mono with the demo's model
 
     from xlm_jax.train import streams
 

@@ -79,5 +79,5 @@ def test_trtd_on_rows_that_are_not_pairs_fails_before_compiling(tmp_path):
                                          r"examples of kind 'pair', but task demo_mono_\w+ "
                                          r"\(in demo_mono\) holds examples of kind 'mono'"):
         _train(tmp_path, 2, objectives=specs, model={"vocab_size": 8002},
-               task_modules=["tasks.demo"])
+               task_modules=["xlm_jax_tasks.demo"])
     assert md.checkpoint_steps(str(tmp_path)) == []  # nothing trained or saved

@@ -7,7 +7,7 @@
       samples 2000 examples and prints each member's observed frequency next to the
       expected alpha-smoothed rate n^alpha / sum n^alpha.
 
-`--module` (default `tasks.demo`) is imported first: it registers the tasks. Run from the
+`--module` (default `xlm_jax_tasks.demo`) is imported first: it registers the tasks. Run from the
 repository root so that `tasks` is importable.
 """
 
@@ -155,7 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--n", type=int, default=3, help="examples to print (--task)")
     parser.add_argument("--stats", type=int, default=1000,
                         help="examples to sample (--mixture)")
-    parser.add_argument("--module", default="tasks.demo",
+    parser.add_argument("--module", default="xlm_jax_tasks.demo",
                         help="module that registers the tasks")
     parser.add_argument("--sequence_length", type=int, default=None,
                         help="length the examples are built at (default: the length the task "

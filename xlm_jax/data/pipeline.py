@@ -47,7 +47,7 @@ def make_batch_iterator(
     Sharding: host `shard_index` of `num_shards` reads every `num_shards`-th document (or
     sentence pair) of each corpus; the hosts' streams are disjoint.
 
-    The registering module (e.g. `tasks.demo`) must have been imported. TensorFlow is
+    The registering module (e.g. `xlm_jax_tasks.demo`) must have been imported. TensorFlow is
     imported here, lazily, and hidden from GPUs so that it does not take accelerator memory.
     """
     for name, value, low in (("batch_size", batch_size, 1), ("sequence_length", sequence_length, 8),

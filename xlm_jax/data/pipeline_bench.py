@@ -120,8 +120,8 @@ def main(argv: Optional[Sequence[str]] = None) -> PipelineBenchResult | list[Res
     parser = cli_help.Parser(prog="python -m xlm_jax.data.pipeline_bench",
                              description=__doc__.split("\n\n")[0])
     parser.add_argument("--pipeline", required=True, help="registered task or mixture")
-    parser.add_argument("--module", default="tasks.demo",
-                        help="module that registers the task (default tasks.demo)")
+    parser.add_argument("--module", default="xlm_jax_tasks.demo",
+                        help="module that registers the task (default xlm_jax_tasks.demo)")
     parser.add_argument("--batch_size", type=int, default=32, help="rows per batch")
     parser.add_argument("--sequence_length", type=int, default=128, help="row length")
     parser.add_argument("--batches", type=int, default=50, help="timed batches")

@@ -424,7 +424,7 @@ def get_provider(name: str) -> Union[seqio.Task, seqio.Mixture]:
     shown = ", ".join(known[:30]) + (" ..." if len(known) > 30 else "")
     raise ValueError(
         f"unknown task or mixture {name!r} (registered: {shown or 'none'}); import the module "
-        "that registers it first (e.g. tasks.demo)"
+        "that registers it first (e.g. xlm_jax_tasks.demo)"
     )
 
 

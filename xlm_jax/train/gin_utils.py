@@ -21,6 +21,20 @@ PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(_
 # gin_configs/ of a checkout, and where a wheel installs it (setup.py: `xlm_jax/gin_configs`).
 GIN_CONFIG_DIRS = (os.path.join(PACKAGE_ROOT, "gin_configs"),
                    os.path.join(PACKAGE_ROOT, "xlm_jax", "gin_configs"))
+# The repository's tasks/ folder installs as the package `xlm_jax_tasks` (setup.py), so a
+# shipped path the gin files write as 'tasks/demo_data/...' lies under that name in a wheel.
+SHIPPED_ALIASES = (("tasks/", "xlm_jax_tasks/"),)
+
+
+def shipped_path(path: str, root: str = PACKAGE_ROOT) -> str | None:
+    """The absolute path of a relative shipped path (`tasks/demo_data/spm.model`) under
+    `root`, as a checkout or an installed wheel holds it, or None when neither has it."""
+    names = [path] + [new + path[len(old):] for old, new in SHIPPED_ALIASES
+                      if path.startswith(old)]
+    for name in names:
+        if os.path.exists(os.path.join(root, name)):
+            return os.path.join(root, name)
+    return None
 
 
 # The run files leave their data and schedule length to the user (required macros); tools that
@@ -244,8 +258,8 @@ def resolve_shipped_paths(root: str = PACKAGE_ROOT) -> dict[str, Any]:
     def resolve(value: Any) -> Any:
         if isinstance(value, str):
             if ("/" in value and not os.path.isabs(value) and "://" not in value
-                    and not os.path.exists(value) and os.path.exists(os.path.join(root, value))):
-                return os.path.join(root, value)
+                    and not os.path.exists(value)):
+                return shipped_path(value, root) or value
             return value
         if isinstance(value, (list, tuple)):
             items = [resolve(v) for v in value]

@@ -108,7 +108,7 @@ def _data_module(name: str) -> Any:
 
 
 def import_modules(modules: Sequence[str]) -> None:
-    """Imports the modules that register seqio tasks (e.g. `tasks.demo`); one that cannot be
+    """Imports the modules that register seqio tasks (e.g. `xlm_jax_tasks.demo`); one that cannot be
     found is an ImportError naming it and the setting (`loop.train.task_modules`). The
     input pipeline's modules (seqio, TensorFlow) are imported here and in `_data_module`
     only, under `cli_help.tensorflow_quietly`: a run on synthetic streams never imports
