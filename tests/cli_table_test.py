@@ -82,6 +82,11 @@ TABLE = [
     ("xlm_jax.demo", "no args", None, 0, "(trains and scores the demo: what make demo runs)"),
     ("xlm_jax.demo", "bad value", ["--gin_file=nope.gin", "--model_dir=/nonexistent/demo"], 1,
      "error: FileNotFoundError: gin file 'nope.gin' not found; looked in: ..."),
+    ("xlm_jax.league", "no args", None, 0, "(trains the base and every recipe x 3 seeds: about "
+     "1.5 hours on 2 cores)"),
+    ("xlm_jax.league", "bad value", ["--recipes=nosuch", "--out=/nonexistent/league"], 1,
+     "error: ValueError: --recipes=nosuch: unknown recipe 'nosuch' (recipes: mmlm, xlm, "
+     "infoxlm, xlme, xlme_no_trtd, ernie_m, veco)"),
     ("xlm_jax.pod_memory", "no args", [], 2, "python -m xlm_jax.pod_memory: error: the following "
      "arguments are required: --gin_file (--help lists every flag)"),
     ("xlm_jax.pod_memory", "bad value", ["--gin_file=demo/mmlm_tlm.gin", "--mesh=pipe=2",

@@ -115,8 +115,8 @@ def _check_mesh(mesh: dict[str, int], built_batch: dict[str, int], heads: int) -
 def lower(gin_files: Sequence[str], bindings: Sequence[str], platform: str,
           mesh: dict[str, int], batch_size: int | None, seq_len: int | None,
           attention_backend: str | None, size: str | None,
-          attention_dropout: float | None = None, width: int | None = None
-          ) -> tuple[dict[str, Any], str]:
+          attention_dropout: float | None = None, width: int | None = None,
+          depth: int | None = None) -> tuple[dict[str, Any], str]:
     """Lowers the configured step for `platform`; returns (summary, StableHLO text).
     jax must already have `prod(mesh)` CPU devices."""
     import gin
@@ -139,7 +139,9 @@ def lower(gin_files: Sequence[str], bindings: Sequence[str], platform: str,
         overrides["attention_dropout_rate"] = attention_dropout
     if width:  # reduced width, same depth: heads of 32 dims, MLP 4x (our choice)
         overrides.update(hidden_size=width, num_heads=width // 32, mlp_dim=4 * width)
-    if attention_backend or attention_dropout is not None or width:
+    if depth:  # fewer layers of the same kind: every layer lowers alike (our choice)
+        overrides["num_layers"] = depth
+    if attention_backend or attention_dropout is not None or width or depth:
         with gin.unlock_config():
             gin.bind_parameter("loop.model_config.overrides", overrides)
     kw = pod_memory.train_bindings()
@@ -200,6 +202,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=None,
                    help="reduced width at the run file's depth: hidden WIDTH, WIDTH/32 heads, "
                    "MLP 4*WIDTH (a multiple of 32; default: the run file's)")
+    p.add_argument("--depth", type=int, default=None,
+                   help="reduced depth: DEPTH layers of the run file's kind (a quick check; "
+                   "every layer lowers alike; default: the run file's)")
     p.add_argument("--dump", default=None, help="write the lowered StableHLO text here")
     return p
 
@@ -214,6 +219,8 @@ def _validate(args: argparse.Namespace) -> dict[str, int]:
                          f"{', '.join(BACKENDS)}")
     if args.width is not None and (args.width <= 0 or args.width % 32):
         raise LowerError(f"--width {args.width}: must be a positive multiple of 32")
+    if args.depth is not None and args.depth <= 0:
+        raise LowerError(f"--depth {args.depth}: must be positive")
     for flag in ("batch_size", "seq_len"):
         value = getattr(args, flag)
         if value is not None and value <= 0:
@@ -252,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         summary, text = lower(args.gin_file, args.gin_bindings, args.platform, mesh,
                               args.batch_size, args.seq_len, args.attention_backend, args.size,
-                              args.attention_dropout, args.width)
+                              args.attention_dropout, args.width, args.depth)
     except Exception as e:  # noqa: BLE001 - every failure becomes one line naming the run
         from xlm_jax.train.cli import error_line  # the gin CLIs' one line (no call sites)
 

@@ -110,13 +110,16 @@ def adjust_outputs(row: Row, outputs: StepOutputs) -> StepOutputs:
 
 
 def model_config(size: str, gated_bias: bool, backend: str, attention_dropout: float,
-                 seq_len: int) -> ModelConfig:
+                 seq_len: int, num_layers: int | None = None) -> ModelConfig:
     """A named size at bf16 compute with `backend`: the plain model (absolute positions) or
     XLM-E's (absolute positions and the gated relative bias, as runs/xlme_base.gin). The
-    position table grows when `seq_len` exceeds it (tiny admits 256 tokens)."""
+    position table grows when `seq_len` exceeds it (tiny admits 256 tokens). `num_layers`
+    overrides the size's depth (None: keep it)."""
     fields: dict[str, Any] = dict(dtype=COMPUTE_DTYPE, attention_backend=backend,
                                   position_type="both" if gated_bias else "absolute",
                                   attention_dropout_rate=attention_dropout)
+    if num_layers:
+        fields["num_layers"] = num_layers
     cfg = get_config(size, **fields)
     if cfg.max_sequence_length is not None and seq_len > cfg.max_sequence_length:
         cfg = cfg.replace(max_positions=seq_len + cfg.pad_id + 1)
@@ -137,12 +140,12 @@ class Case:
     synthetic MMLM batch and keys, shared by every backend."""
 
     def __init__(self, size: str, gated_bias: bool, attention_dropout: float, batch_size: int,
-                 seq_len: int):
+                 seq_len: int, num_layers: int | None = None):
         from xlm_jax.bench import prediction_slots
         from xlm_jax.data.synthetic import synthetic_batch
 
         self.size, self.gated_bias, self.attention_dropout = size, gated_bias, attention_dropout
-        self.batch_size, self.seq_len = batch_size, seq_len
+        self.batch_size, self.seq_len, self.num_layers = batch_size, seq_len, num_layers
         ref = self.config("xla")
         self.slots = prediction_slots(0.15, seq_len)  # the run files' rule (80 at 512)
         rows = synthetic_batch(batch_size, seq_len, ref.vocab_size, "mono", seed=0)
@@ -156,7 +159,7 @@ class Case:
 
     def config(self, backend: str) -> ModelConfig:
         return model_config(self.size, self.gated_bias, backend, self.attention_dropout,
-                            self.seq_len)
+                            self.seq_len, self.num_layers)
 
     def _pieces(self, cfg: ModelConfig) -> tuple[Any, optax.GradientTransformation, Callable]:
         from xlm_jax.models.transformer import Transformer
@@ -345,6 +348,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=5,
                    help="timed steps after the first (compiling, warm-up) step; the table "
                         "gives their median")
+    p.add_argument("--num_layers", type=int, default=None,
+                   help="layers of every size (None: the size's own); fewer is a quicker "
+                   "check, as every layer runs the same kernels")
     p.add_argument("--json", default=None, help="also write the rows and settings as JSON here")
     return p
 
@@ -357,7 +363,7 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
         if bad:
             return f"{flag} {','.join(bad) or repr(value)}: not one of {', '.join(valid)}"
     for flag, value, low in (("--batch_size", args.batch_size, 1), ("--seq_len", args.seq_len, 3),
-                             ("--steps", args.steps, 1)):
+                             ("--steps", args.steps, 1), ("--num_layers", args.num_layers, 1)):
         if value is not None and value < low:
             return f"{flag} {value}: must be at least {low}"
     if not 0.0 <= args.attention_dropout < 1.0:
@@ -380,7 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     seq_len = args.seq_len or (CPU_SEQ_LEN if cpu else ACCEL_SEQ_LEN)
     print(f"device: {dev.device_kind} ({dev.platform}; 1 of {jax.device_count()} used), jax "
           f"{jax.__version__}; compute "
-          f"{COMPUTE_DTYPE}, params float32; batch {batch_size} x {seq_len}; attention dropout "
+          f"{COMPUTE_DTYPE}, params float32; batch {batch_size} x {seq_len}"
+          + (f"; {args.num_layers} layer{'s' * (args.num_layers > 1)}" if args.num_layers else "") + "; attention dropout "
           f"{args.attention_dropout}; tolerance (relative error vs xla): "
           + ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items()), flush=True)
     if cpu:
@@ -391,7 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for gated in GATED[args.gated_bias]:
             ref = case = outputs = None
             try:  # parameters, optimiser state and batch, shared by the backends
-                case = Case(size, gated, args.attention_dropout, batch_size, seq_len)
+                case = Case(size, gated, args.attention_dropout, batch_size, seq_len,
+                            args.num_layers)
             except Exception as e:  # noqa: BLE001 - reported in the row (out of memory, ...)
                 rows.append(Row(size, gated, "xla", "failed", f"init: {_one_line(e)}"))
             for backend in backends:
@@ -417,6 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"device": f"{dev.device_kind} ({dev.platform})", "jax": jax.__version__,
                        "dtype": COMPUTE_DTYPE, "batch_size": batch_size, "seq_len": seq_len,
+                       "num_layers": args.num_layers,
                        "attention_dropout": args.attention_dropout, "tolerance": TOLERANCE,
                        "notes": notes, "rows": [dataclasses.asdict(r) for r in rows]}, f, indent=1)
     failed = [r for r in rows if r.status in ("mismatch", "nan", "failed", "skipped")]

@@ -32,6 +32,11 @@ def _lower(*args: str) -> subprocess.CompletedProcess:
                           text=True, cwd=REPO, env=env, timeout=600)
 
 
+# The families at depth 4, the depth of XLM-E's generator; InfoXLM's universal layer
+# (XLCO_LAYER, 8 of 12) moves to 3 of 4.
+SHALLOW = ("--depth", "4", "--gin.XLCO_LAYER=3")
+
+
 def _summary(run_file: str, platform: str, backend: str, *extra: str) -> dict:
     done = _lower(f"--gin_file={run_file}", "--platform", platform, "--width", "128",
                   "--batch_size", str(B), "--seq_len", str(T), "--mesh", "data=2,tensor=2",
@@ -59,7 +64,8 @@ def _check_pallas(s: dict, platform: str) -> None:
 @pytest.mark.parametrize("platform", ["cuda", "tpu"])
 @pytest.mark.parametrize("run_file", FAMILIES)
 def test_each_family_lowers_with_pallas_per_shard(run_file, platform):
-    _check_pallas(_summary(run_file, platform, "pallas"), platform)
+    extra = SHALLOW if "infoxlm" in run_file else SHALLOW[:2]
+    _check_pallas(_summary(run_file, platform, "pallas", *extra), platform)
 
 
 @pytest.mark.slow
@@ -97,6 +103,7 @@ def test_cudnn_lowers_per_shard_without_dropout():
     (["--platform", "cuda", "--mesh", "tensor=3"], "--mesh tensor=3 does not divide"),
     (["--platform", "cuda", "--mesh", "pipe=2"], "--mesh 'pipe=2'"),
     (["--platform", "cuda", "--attention_backend", "flash"], "--attention_backend 'flash'"),
+    (["--platform", "cuda", "--depth", "0"], "--depth 0: must be positive"),
     (["--platform", "cuda", "--attention_backend", "cudnn"],
      "backend 'cudnn' cannot run this call on gpu"),
     (["--platform", "cuda", "--gin.loop.model_config.size='huge'"],

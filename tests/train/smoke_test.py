@@ -21,7 +21,10 @@ import pytest
 
 from xlm_jax import smoke
 
-CPU_ARGS = ["--sizes", "tiny", "--seq_len", "32", "--batch_size", "2", "--steps", "1"]
+# One layer of the tiny size: every layer runs the same kernels, and the interpreted Pallas
+# kernel's compile time grows with each unrolled layer.
+CPU_ARGS = ["--sizes", "tiny", "--seq_len", "32", "--batch_size", "2", "--steps", "1",
+            "--num_layers", "1"]
 BACKENDS = ("xla", "cudnn", "pallas")
 
 
@@ -67,8 +70,9 @@ def test_cpu_table_has_a_row_per_backend_and_model(cpu_run):
     rows = table_rows(out)
     assert sorted(rows) == sorted(("tiny", g, b) for g in ("off", "on") for b in BACKENDS)
     assert "pallas kernel runs interpreted" in out
-    assert "batch 2 x 32; attention dropout 0.1" in out
+    assert "batch 2 x 32; 1 layer; attention dropout 0.1" in out
     assert report["seq_len"] == 32 and report["dtype"] == "bfloat16"
+    assert report["num_layers"] == 1
     assert report["tolerance"] == smoke.TOLERANCE
     for gated in ("off", "on"):
         ref = rows[("tiny", gated, "xla")]
@@ -108,6 +112,7 @@ def test_injected_mismatch_and_nan_fail_the_run(cpu_run, monkeypatch):
     (["--sizes", "tiny,huge"], "--sizes huge"),
     (["--seq_len", "0"], "--seq_len 0"),
     (["--attention_dropout", "1.5"], "--attention_dropout 1.5"),
+    (["--num_layers", "0"], "--num_layers 0"),
 ])
 def test_bad_flag_is_one_line_naming_flag_and_value(capsys, argv, named):
     assert smoke.main(argv) == 2
