@@ -35,9 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     bindings = list(args.gin_bindings)
     if args.init_from:
         bindings.append(f"loop.train.init_from = {args.init_from!r}")
-    cli_help.quiet_tensorflow()
     try:
-        gin_utils.parse(args.gin_file, bindings)
+        with cli_help.tensorflow_quietly():  # a gin file importing a task module imports TF
+            gin_utils.parse(args.gin_file, bindings)
         translation_eval.evaluate(args.model_dir, check_only=True)
         if not args.skip_training:
             loop.train(args.model_dir)

@@ -28,8 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcome = []
 
     def go() -> int:
-        cli_help.quiet_tensorflow()
-        cli.parse_gin(args)
+        with cli_help.tensorflow_quietly():  # TF only if a gin file imports a task module
+            cli.parse_gin(args)
         outcome.append(run.finetune(args.model_dir, init_from=args.init_from))
         return 0
 
