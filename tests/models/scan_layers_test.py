@@ -210,7 +210,7 @@ def test_a_checkpoint_loads_into_the_other_layout(tmp_path):
     step trains): its step 0 holds the loaded weights stacked and computes what the loaded
     model computes. Those stacked weights -> `load_pretrained_params` of a per-layer model: the
     original ones. Resuming the scanned run with the per-layer layout: one line naming both."""
-    model = {**TINY_MODEL, "vocab_size": 128, "position_type": "both"}
+    model = {**TINY_MODEL, "num_layers": 2, "vocab_size": 128, "position_type": "both"}
     cfg = get_config("tiny", **model)
     hf.save_xlm_jax(str(tmp_path / "pre"), cfg, _params(cfg))
     pre = load_encoder(str(tmp_path / "pre"))

@@ -262,7 +262,7 @@ def test_bad_evaluator_input_fails_in_one_line_before_training(tmp_path, case):
     expect = {
         "probe_dir": f"TransferProbe.data_dir='{tmp_path / 'nowhere'}': .*not a directory",
         "probe_language": "TransferProbe.data_dir=.*no pawsx test file for language 'xx'",
-        "probe_layer": r"TransferProbe.layer=5 out of range: valid layers are 0..2",
+        "probe_layer": r"TransferProbe.layer=5 out of range: valid layers are 0..1",
         "held_out_objective": r"HeldOutLoss.tasks\['nope'\]: no objective 'nope' in the mixture",
         "held_out_none": "HeldOutLoss: no held-out task",
         "held_out_task": "HeldOutLoss: the held-out task 'no_such_task' of objective 'mmlm': "

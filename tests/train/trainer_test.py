@@ -29,8 +29,9 @@ def test_eight_devices_match_single_device(tmp_path, embed_proj):
     # while the model's activation constraints were inactive (legacy `with mesh:`).
     # "replicated" runs as users do: dropout on (its masks are the same bits on any mesh:
     # jax's partitionable threefry) and asynchronous saves of the donated state.
+    # "tensor" also runs two layers, so activations are resharded between layers too.
     overrides = [("embed_proj", "tensor")] if embed_proj == "tensor" else []
-    kw = {} if embed_proj == "tensor" else {
+    kw = {"model": {"num_layers": 2}} if embed_proj == "tensor" else {
         "model": {"dropout_rate": 0.1, "attention_dropout_rate": 0.1}, "async_save": True,
         "save_every": 2}
     single = _train(tmp_path / "one", 5, **kw)

@@ -78,11 +78,12 @@ def test_translation_starts_from_a_veco_checkpoint_and_trains(tmp_path):
     and the stack layer it came from have moved apart."""
     from xlm_jax.objectives.translation import Translation
 
-    _train(tmp_path / "veco", 1, model=MODEL, objectives=_veco())
+    _train(tmp_path / "veco", 1, model={**MODEL, "num_layers": 2}, objectives=_veco())
     veco = _state(tmp_path / "veco")["params"]["encoder"]["layers_1"]
     spec = {"translate": loop.ObjectiveSpec(factory=lambda model, name: Translation(
         model, name=name, decoder_layers=1), task="synthetic:split_pair")}
-    _train(tmp_path / "mt", 2, model={**MODEL, "num_languages": 4, "language_init": "zeros"},
+    _train(tmp_path / "mt", 2, model={**MODEL, "num_layers": 2, "num_languages": 4,
+                                               "language_init": "zeros"},
            objectives=spec, init_from=str(tmp_path / "veco"), save_initial=True)
     start = _state_at(tmp_path / "mt", 0)["params"]
     _assert_close(start["objectives"]["decoder"]["layers_0"], veco, 0.0)
