@@ -24,7 +24,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _cache = tempfile.mkdtemp(prefix="xlm_jax_tests_xla_cache_")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, True)
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+# Every compile is cached, however short: the small ones add up (saving a sharded state compiles
+# one `slice` per device and array shape, ~20 ms each, dozens per process; measured on the
+# trainer tests: 5% less CPU than caching only compiles over 0.1 s).
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import pytest  # noqa: E402  (after the environment above)
 
