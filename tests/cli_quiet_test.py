@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from tests.testlib.cli_run import ROOT
+from tests.testlib.xla_flags import FAST_COMPILE
 
 # The demo run file at 2 steps of a 1-layer model on one real seqio task per objective (each
 # cached in memory by seqio and not read to its end: what printed the cache warnings).
@@ -19,9 +20,11 @@ INSPECT = ["xlm_jax.data.inspect", "--task", "demo_mono_en", "--n", "1"]
 
 
 def _user_env(**extra):
-    """The environment of a user who set nothing: no TF_CPP_MIN_LOG_LEVEL, no JAX_PLATFORMS."""
+    """The environment of a user who set nothing: no TF_CPP_MIN_LOG_LEVEL, no JAX_PLATFORMS,
+    no device count; only the suite's fast-compile XLA flags, which print nothing."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("TF_CPP_MIN_LOG_LEVEL", "JAX_PLATFORMS", "XLM_JAX_DEBUG", "XLA_FLAGS")}
+    env["XLA_FLAGS"] = FAST_COMPILE
     env.update(extra)
     return env
 

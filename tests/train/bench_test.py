@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests.testlib.xla_flags import FAST_COMPILE
+
 # Runs the benchmark CLI as on a jax-only host: tensorflow/seqio look uninstalled.
 NO_TF = """
 import sys
@@ -25,7 +27,9 @@ def test_bench_runs_a_shipped_run_file_without_tensorflow():
          "--batch_size", "4", "--seq_len", "16",
          "--gin.loop.model_config.size='tiny'", "--gin.loop.model_config.dtype='float32'"],
         capture_output=True, text=True, timeout=600,
-        env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})  # one CPU device
+        # one CPU device, the suite's fast-compile flags
+        env={**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+             "XLA_FLAGS": FAST_COMPILE})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     out = r.stdout
     assert ("model: 4L d=128 V=8002; dtype float32; attention xla; objectives/step: mmlm; "
@@ -71,10 +75,12 @@ def test_table_runs_each_row_in_its_own_process_and_reports_failures(tmp_path):
     runs = (("MMLM", {"base": ["runs/xlmr_base_mmlm.gin"]}),
             ("broken", {"base": ["runs/no_such_run_file.gin"]}))
     env_flags = os.environ.pop("XLA_FLAGS", None)
+    os.environ["XLA_FLAGS"] = FAST_COMPILE  # each row's process: one CPU device
     try:
         code = bench.run_table(["base"], 2, 2, 16, False, ["loop.model_config.size = 'tiny'"],
                                str(tmp_path / "t.json"), str(tmp_path / "t.md"), runs=runs)
     finally:
+        os.environ.pop("XLA_FLAGS")
         if env_flags is not None:
             os.environ["XLA_FLAGS"] = env_flags
     assert code == 1

@@ -57,6 +57,27 @@ def _end(step, saving=False, preempted=False):
 
 # ----------------------------------------------------------------------------- the action
 
+
+def test_held_out_metrics_weigh_every_unit_of_every_batch_alike():
+    """HeldOutLoss adds each batch's `EvalSums` and divides once: two batches with 1 and 3
+    masked tokens and summed losses 2 and 3 give a loss of 5 / 4, where the mean of the
+    per-batch means, (2 / 1 + 3 / 3) / 2 = 1.5, would weigh the one-token batch like the other."""
+    import jax
+
+    from xlm_jax.models.config import get_config
+    from xlm_jax.models.transformer import Transformer
+    from xlm_jax.objectives.base import Metric, WeightedObjective
+    from xlm_jax.objectives.mlm import MaskedLM
+    from xlm_jax.train.step import EvalSums, eval_report
+
+    obj = MaskedLM(Transformer(get_config("tiny", **TINY_MODEL)), name="mmlm", kind="mono",
+                   max_predictions=4)
+    first = EvalSums({"loss": 2.0}, {"loss": 1.0}, {"accuracy": Metric(1.0, 1.0)})
+    second = EvalSums({"loss": 3.0}, {"loss": 3.0}, {"accuracy": Metric(0.0, 3.0)})
+    both = jax.tree_util.tree_map(lambda a, b: a + b, first, second)
+    got = eval_report([WeightedObjective(obj)], {"mmlm": both})
+    assert got == pytest.approx({"mmlm/loss": 5 / 4, "mmlm/accuracy": 1 / 4, "mmlm/count": 4})
+
 def test_evaluate_runs_the_due_evaluators_in_order_under_their_prefixes():
     log, writer = [], _Writer()
     held = _Recorder("", 2, {"mmlm/loss": 3.0}, log)  # prefix '': the names as returned

@@ -12,6 +12,7 @@ import gin
 import jax
 import pytest
 
+from tests.testlib.xla_flags import FAST_COMPILE
 from xlm_jax import pod_memory
 from xlm_jax.train import gin_utils
 
@@ -31,7 +32,9 @@ TINY = ["--gin_file=runs/xlmr_base_mmlm.gin", "--size=tiny", "--batch_size=16", 
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the CLI sets its own
+    # the CLI sets its own device count and keeps other flags: the suite's fast compilation
+    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+           "XLA_FLAGS": FAST_COMPILE}
     return subprocess.run([sys.executable, "-c", NO_TF, *args], capture_output=True,
                           text=True, timeout=300, cwd=ROOT, env=env)
 

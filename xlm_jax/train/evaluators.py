@@ -42,6 +42,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.experimental import multihost_utils
 
 from xlm_jax import model_dir as md
@@ -157,9 +158,11 @@ def _check_int(owner: str, name: str, value: Any, allow_none: bool = False) -> N
 # ----------------------------------------------------------------------------- held-out loss
 
 class HeldOutLoss(Evaluator):
-    """Every `every` steps: the mean of each objective's eval metrics (`step.make_eval_step`,
-    dropout off) over `num_batches` batches of its held-out task, at the objective's own batch
-    shape, written as `{objective}/{metric}` (`mmlm/loss`, `mmlm/accuracy`, ...; prefix '').
+    """Every `every` steps: each objective's eval metrics (`step.make_eval_step`, dropout off)
+    over `num_batches` batches of its held-out task, at the objective's own batch shape,
+    written as `{objective}/{metric}` (`mmlm/loss`, `mmlm/accuracy`, ...; prefix ''). Each is
+    a mean over all the batches' units (sums and counts added first, `step.EvalSums`), and
+    `{objective}/count` is the units of all the batches together.
     `tasks` maps objective names to held-out tasks; None takes each `ObjectiveSpec.eval_task`.
     Needs the train state (`run(state, step)`): the objectives read their state too."""
 
@@ -193,7 +196,7 @@ class HeldOutLoss(Evaluator):
         self._eval_fn = jax.jit(step_lib.make_eval_step(ctx.objs))
 
     def run(self, state_or_params: Any, step: int) -> dict[str, float]:
-        ctx, sums = self._ctx, {}
+        ctx, sums = self._ctx, None
         for name, task in self._tasks.items():
             shape = ctx.shapes[name]
             s = streams_lib.make_stream(
@@ -202,9 +205,11 @@ class HeldOutLoss(Evaluator):
             for i in range(self.num_batches):
                 batch = {name: setup.global_batch(next(s), ctx.mesh)}
                 m = jax.device_get(self._eval_fn(state_or_params, batch, jax.random.PRNGKey(i)))
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + float(v) / self.num_batches
-        return sums
+                m = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64), m)
+                sums = m if sums is None else {**sums, **{
+                    k: jax.tree_util.tree_map(np.add, sums[k], v) if k in sums else v
+                    for k, v in m.items()}}
+        return step_lib.eval_report(ctx.objs, sums or {})
 
 
 # ----------------------------------------------------------------------------- on one device

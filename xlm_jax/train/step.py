@@ -248,14 +248,27 @@ def make_train_step(objectives: Sequence[WeightedObjective],
     return train_step
 
 
-def make_eval_step(objectives: Sequence[WeightedObjective]) -> Callable[..., dict[str, Array]]:
-    """Each objective's reported values on a batch (the train step's names, without the
-    step's `loss`), dropout off, the same corruption as training."""
+@flax.struct.dataclass
+class EvalSums:
+    """One objective's additive eval quantities on a batch: each term's summed loss and its
+    units, each metric's (total, count). Sums over batches add leaf by leaf; `eval_report`
+    turns them into means, so an eval over several batches weighs every unit alike (a mean
+    of per-batch means would weigh a batch with few masked tokens like a full one)."""
+
+    losses: dict[str, Array]
+    counts: dict[str, Array]
+    metrics: dict[str, Metric]
+
+
+def make_eval_step(objectives: Sequence[WeightedObjective]
+                   ) -> Callable[..., dict[str, EvalSums]]:
+    """`{objective: EvalSums}` on a batch, dropout off, the same corruption as training;
+    objectives without a batch are left out."""
     for o in objectives:
         check_term_weights(o.objective)
 
     def eval_step(state: TrainState, batches: Mapping[str, Batch], rng: Array):
-        metrics = {}
+        sums = {}
         for i, o in enumerate(objectives):
             if o.name not in batches:  # objectives without an eval task are skipped
                 continue
@@ -263,11 +276,24 @@ def make_eval_step(objectives: Sequence[WeightedObjective]) -> Callable[..., dic
             prepared = o.objective.prepare(batches[o.name], prep_rng)
             out = o.objective.loss(state.params, prepared, loss_rng, state.obj_state[o.name],
                                    deterministic=True)
-            metrics.update(_prefixed(o.name, report(o.objective, out.losses, out.metrics,
-                                                    o.objective.counts(prepared))))
-        return metrics
+            sums[o.name] = EvalSums(dict(out.losses), dict(o.objective.counts(prepared)),
+                                    dict(out.metrics))
+        return sums
 
     return eval_step
+
+
+def eval_report(objectives: Sequence[WeightedObjective],
+                sums: Mapping[str, EvalSums]) -> dict[str, float]:
+    """The train step's names and meanings (`{objective}/loss`, `/count`, `/<term>_loss`,
+    metrics; no mixture `loss`) from `EvalSums` added over any number of batches."""
+    out: dict[str, float] = {}
+    for o in objectives:
+        if o.name in sums:
+            s = sums[o.name]
+            values = report(o.objective, s.losses, s.metrics, s.counts)
+            out.update({k: float(v) for k, v in _prefixed(o.name, values).items()})
+    return out
 
 
 def load_pretrained_params(params: Any, pretrained: Any, source: str,
