@@ -118,7 +118,8 @@ def test_greedy_decoding_equals_an_uncached_argmax_through_the_objective(tokens)
          "x_positions": jnp.asarray(np.where(valid, np.cumsum(valid, 1) - 1, 0)),
          "x_segment_ids": jnp.asarray(valid.astype(np.int32)),
          "x_lang_ids": jnp.asarray(np.where(valid, 2, 0))}
-    memory = obj.encode_source(params, x)
+    memory = jax.jit(obj.encode_source)(params, x)
+    decoder_logits = jax.jit(obj.decoder_logits)  # one program per prefix length, not per op
     prefix = np.full((src.shape[0], 1), start, np.int32)
     done = np.zeros(src.shape[0], bool)
     for t in range(length - 1):
@@ -127,7 +128,7 @@ def test_greedy_decoding_equals_an_uncached_argmax_through_the_objective(tokens)
             np.broadcast_to(np.arange(n), prefix.shape)),
              "y_segment_ids": jnp.ones(prefix.shape, jnp.int32),
              "y_lang_ids": jnp.full(prefix.shape, 3)}
-        logits = np.asarray(obj.decoder_logits(params, {**x, **y}, memory))[:, -1]
+        logits = np.asarray(decoder_logits(params, {**x, **y}, memory))[:, -1]
         nxt = np.where(done, 1, logits.argmax(-1))
         done |= nxt == 2
         prefix = np.concatenate([prefix, nxt[:, None]], axis=1)
