@@ -64,12 +64,12 @@ def test_loss_and_gradients_match_numpy_and_reach_head_and_tied_embeddings():
     nll = -np.take_along_axis(logp, (ids % 8)[..., None], -1)[..., 0]
     np.testing.assert_allclose(float(loss(params)), (nll * (ids != 1)).sum(), rtol=1e-5)
 
-    grads = jax.grad(loss)(params)
+    grads = jax.jit(jax.grad(loss))(params)  # jitted: one program, not one per primitive
     assert float(jnp.abs(grads["objectives"]["probe_head"]["kernel"]).sum()) > 0
     table = grads["encoder"]["embeddings"]["word_embeddings"]["embedding"]
     # rows 0..7 are read directly (tied) as well as through the encoder's lookup
-    without_tie = jax.grad(lambda p: TokenProbe(net).loss(
-        p, batch, jax.random.PRNGKey(0), {}, True).losses["loss"])(params)
+    without_tie = jax.jit(jax.grad(lambda p: TokenProbe(net).loss(
+        p, batch, jax.random.PRNGKey(0), {}, True).losses["loss"]))(params)
     diff = np.abs(np.asarray(table - without_tie["encoder"]["embeddings"]["word_embeddings"][
         "embedding"]))
     assert diff[:8].sum() > 0 and diff[8:].max() < diff[:8].max()
