@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.testlib.xla_flags import FAST_COMPILE
+from tests.testlib.xla_flags import xla_flags
 
 # Runs the benchmark CLI as on a jax-only host: tensorflow/seqio look uninstalled.
 NO_TF = """
@@ -27,9 +27,7 @@ def test_bench_runs_a_shipped_run_file_without_tensorflow():
          "--batch_size", "4", "--seq_len", "16",
          "--gin.loop.model_config.size='tiny'", "--gin.loop.model_config.dtype='float32'"],
         capture_output=True, text=True, timeout=600,
-        # one CPU device, the suite's fast-compile flags
-        env={**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
-             "XLA_FLAGS": FAST_COMPILE})
+        env={**os.environ, "XLA_FLAGS": xla_flags(1)})  # one CPU device
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     out = r.stdout
     assert ("model: 4L d=128 V=8002; dtype float32; attention xla; objectives/step: mmlm; "
@@ -64,7 +62,7 @@ def test_prediction_slots_follow_the_run_files_rule():
         assert n % 8 == 0 and int(rate * t) + 1 <= n < int(rate * t) + 9
 
 
-def test_table_runs_each_row_in_its_own_process_and_reports_failures(tmp_path):
+def test_table_runs_each_row_in_its_own_process_and_reports_failures(tmp_path, monkeypatch):
     """`--table` on one real row (tiny model, two sizes named by gin files) and one broken row:
     the JSON holds consistent figures for the first and the error line for the second, the
     markdown has one line per row, and the exit code says a row failed."""
@@ -74,15 +72,9 @@ def test_table_runs_each_row_in_its_own_process_and_reports_failures(tmp_path):
 
     runs = (("MMLM", {"base": ["runs/xlmr_base_mmlm.gin"]}),
             ("broken", {"base": ["runs/no_such_run_file.gin"]}))
-    env_flags = os.environ.pop("XLA_FLAGS", None)
-    os.environ["XLA_FLAGS"] = FAST_COMPILE  # each row's process: one CPU device
-    try:
-        code = bench.run_table(["base"], 2, 2, 16, False, ["loop.model_config.size = 'tiny'"],
-                               str(tmp_path / "t.json"), str(tmp_path / "t.md"), runs=runs)
-    finally:
-        os.environ.pop("XLA_FLAGS")
-        if env_flags is not None:
-            os.environ["XLA_FLAGS"] = env_flags
+    monkeypatch.setenv("XLA_FLAGS", xla_flags(1))  # each row's process: one CPU device
+    code = bench.run_table(["base"], 2, 2, 16, False, ["loop.model_config.size = 'tiny'"],
+                           str(tmp_path / "t.json"), str(tmp_path / "t.md"), runs=runs)
     assert code == 1
     rows = json.loads((tmp_path / "t.json").read_text())
     assert [r["objective"] for r in rows] == ["MMLM", "broken"]

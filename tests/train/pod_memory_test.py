@@ -32,9 +32,8 @@ TINY = ["--gin_file=runs/xlmr_base_mmlm.gin", "--size=tiny", "--batch_size=16", 
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    # the CLI sets its own device count and keeps other flags: the suite's fast compilation
-    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
-           "XLA_FLAGS": FAST_COMPILE}
+    # the CLI replaces the device count and keeps the other flags (the fast compilation)
+    env = {**os.environ, "XLA_FLAGS": FAST_COMPILE}
     return subprocess.run([sys.executable, "-c", NO_TF, *args], capture_output=True,
                           text=True, timeout=300, cwd=ROOT, env=env)
 

@@ -57,8 +57,7 @@ def test_init_from_hf_dir_into_padded_model(tmp_path):
     hf_model.save_pretrained(tmp_path / "hf")
     state = {k: v.numpy() for k, v in hf_model.state_dict().items()}
     _train(tmp_path / "run", 1, {"pad_vocab_to_multiple_of": 128, "num_layers": 2},
-           init_from=str(tmp_path / "hf"),
-           save_initial=True)
+           init_from=str(tmp_path / "hf"), save_initial=True)
     params = hf.load_xlm_jax(str(tmp_path / "run"), step=0)[1]
     emb = np.asarray(params["embeddings"]["word_embeddings"]["embedding"])
     assert emb.shape == (256, 32)
@@ -70,7 +69,8 @@ def test_init_from_hf_dir_into_padded_model(tmp_path):
     # a different vocabulary is refused, naming both sizes
     with pytest.raises(ValueError, match=r"vocab_size=250 but the model being trained has "
                                          r"vocab_size=300"):
-        _train(tmp_path / "other", 1, {"vocab_size": 300, "num_layers": 2}, init_from=str(tmp_path / "hf"))
+        _train(tmp_path / "other", 1, {"vocab_size": 300, "num_layers": 2},
+               init_from=str(tmp_path / "hf"))
 
 
 def test_other_indivisible_dimensions_name_their_rule():

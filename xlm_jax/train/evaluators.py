@@ -196,7 +196,7 @@ class HeldOutLoss(Evaluator):
         self._eval_fn = jax.jit(step_lib.make_eval_step(ctx.objs))
 
     def run(self, state_or_params: Any, step: int) -> dict[str, float]:
-        ctx, sums = self._ctx, None
+        ctx, sums = self._ctx, {}
         for name, task in self._tasks.items():
             shape = ctx.shapes[name]
             s = streams_lib.make_stream(
@@ -204,12 +204,12 @@ class HeldOutLoss(Evaluator):
                 num_languages=streams_lib.synthetic_language_count(ctx.model.num_languages))
             for i in range(self.num_batches):
                 batch = {name: setup.global_batch(next(s), ctx.mesh)}
-                m = jax.device_get(self._eval_fn(state_or_params, batch, jax.random.PRNGKey(i)))
-                m = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64), m)
-                sums = m if sums is None else {**sums, **{
-                    k: jax.tree_util.tree_map(np.add, sums[k], v) if k in sums else v
-                    for k, v in m.items()}}
-        return step_lib.eval_report(ctx.objs, sums or {})
+                out = jax.device_get(self._eval_fn(state_or_params, batch,
+                                                   jax.random.PRNGKey(i)))[name]
+                out = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64), out)
+                sums[name] = (jax.tree_util.tree_map(np.add, sums[name], out) if name in sums
+                              else out)
+        return step_lib.eval_report(ctx.objs, sums)
 
 
 # ----------------------------------------------------------------------------- on one device
