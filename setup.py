@@ -56,7 +56,7 @@ EXTRAS = {
     "test": [
         "jax>=0.8.0",  # tests/models use `with jax.enable_x64(True):`
         "pytest>=7.4",
-        "pytest-xdist>=3.5",  # `make test` runs the suite on two workers
+        "pytest-xdist>=3.8",  # two workers for `make test`; 3.8 has --no-loadscope-reorder
         "torch>=2.1",
         "transformers>=4.40",
         "pyyaml>=6.0",

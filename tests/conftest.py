@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 
+from tests.testlib import schedule  # noqa: E402  (the standard library only)
 from tests.testlib.xla_flags import xla_flags  # noqa: E402  (the standard library only)
 
 # 8 host devices and fast compilation (tests/testlib/xla_flags.py says why and what it saves).
@@ -33,8 +34,15 @@ import pytest  # noqa: E402  (after the environment above)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `slow` (minutes each: base-size shapes, a whole demo, a wheel install) are
-    skipped unless XLM_JAX_SLOW_TESTS is set (`make test-slow` sets it and selects them)."""
+    """The files run longest first (`tests/testlib/schedule.py` says why), each file's tests in
+    their own order. Tests marked `slow` (minutes each: base-size shapes, a whole demo, a wheel
+    install) are skipped unless XLM_JAX_SLOW_TESTS is set (`make test-slow` sets it and
+    selects them)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files = {id(item): os.path.relpath(str(item.path), root) for item in items}
+    order = schedule.longest_first(list(dict.fromkeys(files.values())), schedule.file_seconds())
+    rank = {f: n for n, f in enumerate(order)}
+    items.sort(key=lambda item: rank[files[id(item)]])
     if os.environ.get("XLM_JAX_SLOW_TESTS"):
         return
     skip = pytest.mark.skip(reason="slow; set XLM_JAX_SLOW_TESTS=1 (make test-slow)")
