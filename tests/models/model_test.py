@@ -38,6 +38,7 @@ def test_unknown_size_lists_valid_ones():
     ("num_languages", 1, "row 0 is padding"),
     ("num_languages", -1, "must be 0"),
     ("language_init", "uniform", "normal, zeros"),
+    ("relative_init", "alibi", "normal, locality"),
 ])
 def test_config_validation(field, value, needle):
     with pytest.raises(ValueError) as e:

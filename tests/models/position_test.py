@@ -128,6 +128,33 @@ def test_table_other_bucket_settings():
     np.testing.assert_array_equal(np.asarray(d), np_relative_bias(table, POS_Q, POS_K, 16, 40))
 
 
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (16, 20)])
+def test_locality_init_is_minus_slope_times_distance_per_head(num_buckets, max_distance):
+    """The "locality" table: every pair (i, j) starts at -2^-h x the smallest distance of its
+    bucket (the scalar mesh-tensorflow bucketing above), so within a bucket's exact range the
+    bias is -2^-h |i - j| and it never rises with distance; the query itself gets 0."""
+    module = position.RelativePositionTable(num_heads=H, num_buckets=num_buckets,
+                                            max_distance=max_distance, table_init="locality")
+    table = np.asarray(module.init(jax.random.PRNGKey(0), POS_Q, POS_K)["params"]
+                       ["rel_embedding"].value)
+    smallest = {}
+    for r in range(-2 * max_distance, 2 * max_distance + 1):
+        b = mtf_bucket(-r, num_buckets, max_distance)  # mtf's argument is query - key
+        smallest[b] = min(smallest.get(b, abs(r)), abs(r))
+    slopes = 0.5 ** np.arange(H)
+    # a bucket no distance reaches (the upper half's first: keys after the query are >= 1
+    # away) starts at max_distance, as if the farthest
+    expected = np.array([[-slopes[h] * smallest.get(b, max_distance) for h in range(H)]
+                         for b in range(num_buckets)])
+    assert len(smallest) == num_buckets - 1
+    np.testing.assert_array_equal(table, expected.astype(np.float32))
+    d = np.asarray(module.apply({"params": {"rel_embedding": table}}, POS_Q, POS_K))
+    dist = np.abs(POS_K[:, None, :] - POS_Q[:, :, None])  # [B, TQ, TK]
+    near = dist < num_buckets // 4  # one bucket per distance
+    for h in range(H):
+        np.testing.assert_array_equal(d[:, h][near], (-slopes[h] * dist[near]).astype(np.float32))
+    assert d[:, 0][dist == 0].max() == 0 and d[:, 0][dist > 0].max() <= -1
+
 def test_gated_bias_params():
     module = position.GatedRelativeBias(num_heads=H, head_dim=DH)
     d = jnp.ones((B, H, TQ, TK))

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 POSITION_TYPES = ("absolute", "relative", "both")
 LN_STYLES = ("post", "pre")
 LANGUAGE_INITS = ("normal", "zeros")
+RELATIVE_INITS = ("normal", "locality")
 # "xla": the reference einsum path; "cudnn": cuDNN flash attention on GPU (no bias, no dropout);
 # "pallas": the flash-attention kernels that compute the gated relative position bias and
 # attention dropout inside (Triton on GPU, Mosaic on TPU, interpreted on CPU); "auto": the best
@@ -63,6 +64,11 @@ class ModelConfig:
     relative_buckets: int = 32  # T5-style bidirectional log buckets for the gated bias
     relative_max_distance: int = 128  # distance at which buckets saturate
     share_relative_table: bool = True  # one bucket table for all layers (else one per layer)
+    # Initial bucket table: "normal" (N(0, 0.02), as XLM-E's released code) or "locality", a
+    # prior towards near tokens: bucket b of head h starts at -2^-h x (b's smallest distance),
+    # ALiBi's linear penalty with slopes halving per head (our choice, models/position.py). A
+    # small model learns from it which neighbours to read instead of first finding them.
+    relative_init: str = "normal"
     cross_attention: bool = False  # VECO: every layer also owns a cross-attention block
     attention_backend: str = "xla"  # "xla" | "cudnn" | "pallas" | "auto" (ATTENTION_BACKENDS)
     remat: str = "none"  # per-layer rematerialisation: none | full | dots_saveable (above)
@@ -107,6 +113,7 @@ class ModelConfig:
             raise bad("scan_layers", self.scan_layers, "must be True or False")
         for field, valid in (("ln_style", LN_STYLES), ("position_type", POSITION_TYPES),
                              ("language_init", LANGUAGE_INITS),
+                             ("relative_init", RELATIVE_INITS),
                              ("attention_backend", ATTENTION_BACKENDS),
                              ("remat", REMAT_POLICIES),
                              ("dtype", tuple(DTYPES)), ("param_dtype", tuple(DTYPES))):

@@ -188,6 +188,35 @@ jax.tree_util.register_dataclass(
 )
 
 
+def bucket_distances(num_buckets: int = 32, max_distance: int = 128) -> list[int]:
+    """The smallest ``|key_pos - query_pos|`` that :func:`relative_position_bucket` maps to
+    each bucket (0 for the query itself; a bucket no distance below ``max_distance`` reaches
+    gets ``max_distance``)."""
+    with jax.ensure_compile_time_eval():  # concrete values inside `init` under jit too
+        rel = jnp.arange(-max_distance, max_distance + 1)
+        buckets = [int(b) for b in relative_position_bucket(rel, num_buckets, max_distance)]
+    out = [max_distance] * num_buckets
+    for r, b in zip(range(-max_distance, max_distance + 1), buckets):
+        out[b] = min(out[b], abs(r))
+    return out
+
+
+def locality_init(max_distance: int) -> Any:
+    """Initialiser of a ``[num_buckets, H]`` bucket table: ``-2^-h x distance(b)``, a linear
+    penalty on distance with one slope per head, halving from 1 (ALiBi's form, Press et al.
+    2022; these slopes are our choice). The bias starts as a preference for near tokens,
+    strongest in head 0, nearly flat in the last head; training moves it like any table."""
+
+    def init(key: jax.Array, shape: tuple[int, int], dtype: Dtype = jnp.float32) -> jax.Array:
+        del key  # deterministic
+        num_buckets, num_heads = shape
+        dist = jnp.asarray(bucket_distances(num_buckets, max_distance), jnp.float32)
+        slopes = 2.0 ** -jnp.arange(num_heads, dtype=jnp.float32)
+        return (-dist[:, None] * slopes[None, :]).astype(dtype)
+
+    return init
+
+
 class RelativePositionTable(nn.Module):
     """Learned per-head bias of each relative-position bucket: ``d[b, h, i, j]``.
 
@@ -196,12 +225,14 @@ class RelativePositionTable(nn.Module):
       num_buckets: T5 buckets (half per direction).
       max_distance: distance from which positions share the last bucket.
       param_dtype: dtype of ``rel_embedding``.
+      table_init: ``"normal"`` (N(0, 0.02)) or ``"locality"`` (:func:`locality_init`).
     """
 
     num_heads: int
     num_buckets: int = 32
     max_distance: int = 128
     param_dtype: Dtype = jnp.float32
+    table_init: str = "normal"
 
     @nn.compact
     def __call__(
@@ -225,7 +256,9 @@ class RelativePositionTable(nn.Module):
             )
         table = self.param(
             "rel_embedding",
-            nn.with_logical_partitioning(nn.initializers.normal(0.02), ("relpos_buckets", "heads")),
+            nn.with_logical_partitioning(
+                locality_init(self.max_distance) if self.table_init == "locality"
+                else nn.initializers.normal(0.02), ("relpos_buckets", "heads")),
             (self.num_buckets, self.num_heads),
             self.param_dtype,
         )

@@ -314,7 +314,8 @@ class Transformer(nn.Module):
         if cfg.position_type in ("relative", "both"):
             table = functools.partial(
                 position_lib.RelativePositionTable, num_heads=cfg.num_heads,
-                num_buckets=cfg.relative_buckets, max_distance=cfg.relative_max_distance)
+                num_buckets=cfg.relative_buckets, max_distance=cfg.relative_max_distance,
+                table_init=cfg.relative_init)
             if cfg.share_relative_table:
                 self.rel_pos = table()
             else:
