@@ -56,10 +56,12 @@ def test_the_budget_buys_whole_steps_by_the_trainers_flop_count(tmp_path):
         assert budget - cycle_flops / 1e12 < cell.train_tflop <= budget
     assert {c.recipe: c.cost.cycle for c in p.cells}["veco"] == 2  # VECO alternates phases
     # An independent count for MMLM (the formula of xlm_jax/train/flops.py, written out): per
-    # token and layer 2(4d^2 + 2df) + 4Td, x 3 for forward + backward, and the head 2(d^2 + dV)
+    # token and layer 2(4d^2 + 2df) + 4Td, plus 2 x 2d for XLM-E's two gates (q.u, q.v: every
+    # league model has the gated bias), x 3 for forward + backward, and the head 2(d^2 + dV)
     # at the prediction slots (floor(0.15 T) + 1 per row); the 1 x 32 tiny model, T = 32.
     d, f, t, v, slots = 32, 64, 32, 8002, int(0.15 * 32) + 1
-    per_row = 3 * (t * (2 * (4 * d * d + 2 * d * f) + 4 * t * d) + slots * 2 * (d * d + d * v))
+    per_row = 3 * (t * (2 * (4 * d * d + 2 * d * f) + 4 * t * d + 4 * d)
+                   + slots * 2 * (d * d + d * v))
     mmlm = next(c for c in p.cells if c.recipe == "mmlm")
     assert mmlm.cost.flops_per_token == pytest.approx(per_row / t, rel=1e-12)
     assert mmlm.cost.tokens_per_step == 8 * 32  # BATCH_SIZE rows of SEQ_LEN, one stream
