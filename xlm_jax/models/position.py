@@ -26,6 +26,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Dtype = Any
 
@@ -192,11 +193,11 @@ def bucket_distances(num_buckets: int = 32, max_distance: int = 128) -> list[int
     """The smallest ``|key_pos - query_pos|`` that :func:`relative_position_bucket` maps to
     each bucket (0 for the query itself; a bucket no distance below ``max_distance`` reaches
     gets ``max_distance``)."""
+    rel = np.arange(-max_distance, max_distance + 1)
     with jax.ensure_compile_time_eval():  # concrete values inside `init` under jit too
-        rel = jnp.arange(-max_distance, max_distance + 1)
-        buckets = [int(b) for b in relative_position_bucket(rel, num_buckets, max_distance)]
+        buckets = np.asarray(relative_position_bucket(rel, num_buckets, max_distance))
     out = [max_distance] * num_buckets
-    for r, b in zip(range(-max_distance, max_distance + 1), buckets):
+    for r, b in zip(rel.tolist(), buckets.tolist()):
         out[b] = min(out[b], abs(r))
     return out
 
