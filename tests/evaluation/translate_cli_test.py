@@ -8,15 +8,18 @@ import sys
 
 import pytest
 
+from tests.testlib.cli_run import env as cli_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TATOEBA = os.path.join(ROOT, "tasks", "demo_data", "tatoeba")
 
 
 def _run(args):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+    # One CPU device, as a user's CPU run has (the suite's own 8 would nearly double the
+    # compile time of the sharded train and decode steps).
     return subprocess.run([sys.executable, "-m", "xlm_jax.translate",
-                           "--gin_file=demo/veco_translate.gin", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+                           "--gin_file=demo/veco_translate.gin", *args], cwd=ROOT,
+                          env=cli_env(1), capture_output=True, text=True, timeout=600)
 
 
 def _test_files(tmp_path, n_src=8, n_tgt=8):
