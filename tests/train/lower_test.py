@@ -1,8 +1,11 @@
 """`python -m xlm_jax.lower`: the trainer's sharded step lowered for CUDA and TPU from a CPU.
 
-Each run goes through the CLI in a fresh process (the CLI sets up its own fake devices). At
-reduced width (`--width 128`: the run file's depth, 4 heads; 8 x 256) one run file per objective family runs in `make test`;
-every run file runs in `make test-slow`. What is asserted: the fused kernels are in the
+Each run goes through the CLI's `main` in a fresh process (the CLI sets up its own fake
+devices); the runs of `make test` that lower share one process (`tests/testlib/lower_many.py`:
+one interpreter and jax start-up instead of twelve), the bad-input runs and those of
+`make test-slow` get a process each. At reduced width (`--width 128`: the run file's depth, 4
+heads; 8 x 256) one run file per objective family runs in `make test`; every run file runs in
+`make test-slow`. What is asserted: the fused kernels are in the
 lowered step (Triton calls on CUDA), their q/k/v operands are per-device shards (batch / data,
 heads / tensor), and no float ``[..., T, T]`` array (logits, probabilities, a materialised
 bias) exists anywhere in forward or backward.
@@ -39,12 +42,45 @@ SHALLOW = ("--depth", "2")
 FAMILY_LAYERS = {"infoxlm": ("--gin.XLCO_LAYER=1",), "xlme": ("--gin.GENERATOR_LAYERS=1",)}
 
 
+def _args(run_file: str, platform: str, backend: str, *extra: str) -> list[str]:
+    return [f"--gin_file={run_file}", "--platform", platform, "--width", "128", "--batch_size",
+            str(B), "--seq_len", str(T), "--mesh", "data=2,tensor=2", "--attention_backend",
+            backend, *extra]
+
+
 def _summary(run_file: str, platform: str, backend: str, *extra: str) -> dict:
-    done = _lower(f"--gin_file={run_file}", "--platform", platform, "--width", "128",
-                  "--batch_size", str(B), "--seq_len", str(T), "--mesh", "data=2,tensor=2",
-                  "--attention_backend", backend, *extra)
+    done = _lower(*_args(run_file, platform, backend, *extra))
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
+
+
+def _family_args(run_file: str, platform: str) -> list[str]:
+    family = os.path.basename(run_file).split("_")[0]
+    return _args(run_file, platform, "pallas", *SHALLOW, *FAMILY_LAYERS.get(family, ()))
+
+
+XLA_CONTROL = _args("runs/xlmr_base_mmlm.gin", "cuda", "xla")
+CUDNN = _args("runs/xlmr_base_mmlm.gin", "cuda", "cudnn", "--attention_dropout", "0",
+              "--gin.loop.model_config.dtype='bfloat16'")
+
+
+@pytest.fixture(scope="module")
+def lowered() -> dict[tuple[str, ...], dict]:
+    """{argv: the CLI's returncode, stdout, stderr} of every lowering of `make test`, run in
+    one fresh process."""
+    runs = [_family_args(f, p) for f in FAMILIES for p in ("cuda", "tpu")] + [XLA_CONTROL, CUDNN]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    done = subprocess.run([sys.executable, os.path.join(REPO, "tests", "testlib",
+                                                        "lower_many.py"), json.dumps(runs)],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {tuple(r["argv"]): r for r in json.loads(done.stdout.splitlines()[-1])}
+
+
+def _lowered_summary(lowered: dict, argv: list[str]) -> dict:
+    run = lowered[tuple(argv)]
+    assert run["returncode"] == 0, run["stderr"][-2000:]
+    return json.loads(run["stdout"])
 
 
 KERNELS = {"cuda": "triton", "tpu": "mosaic_tpu"}
@@ -65,10 +101,8 @@ def _check_pallas(s: dict, platform: str) -> None:
 
 @pytest.mark.parametrize("platform", ["cuda", "tpu"])
 @pytest.mark.parametrize("run_file", FAMILIES)
-def test_each_family_lowers_with_pallas_per_shard(run_file, platform):
-    family = os.path.basename(run_file).split("_")[0]
-    extra = SHALLOW + FAMILY_LAYERS.get(family, ())
-    _check_pallas(_summary(run_file, platform, "pallas", *extra), platform)
+def test_each_family_lowers_with_pallas_per_shard(lowered, run_file, platform):
+    _check_pallas(_lowered_summary(lowered, _family_args(run_file, platform)), platform)
 
 
 @pytest.mark.slow
@@ -78,16 +112,15 @@ def test_every_run_file_lowers_with_pallas_per_shard(run_file, platform):
     _check_pallas(_summary(run_file, platform, "pallas"), platform)
 
 
-def test_xla_backend_materialises_what_pallas_does_not():
+def test_xla_backend_materialises_what_pallas_does_not(lowered):
     """The control: the same step on the XLA path has float [.., T, T] arrays (so the count
     that is 0 above can see them)."""
-    s = _summary("runs/xlmr_base_mmlm.gin", "cuda", "xla")
+    s = _lowered_summary(lowered, XLA_CONTROL)
     assert s["square_tensor_count"]["float"] > 10 and not s["fused_attention_calls"]
 
 
-def test_cudnn_lowers_per_shard_without_dropout():
-    s = _summary("runs/xlmr_base_mmlm.gin", "cuda", "cudnn", "--attention_dropout", "0",
-                 "--gin.loop.model_config.dtype='bfloat16'")
+def test_cudnn_lowers_per_shard_without_dropout(lowered):
+    s = _lowered_summary(lowered, CUDNN)
     calls = s["fused_attention_calls"]
     assert calls and {c["kind"] for c in calls} == {"cudnn"}
     assert all(c["operands"][0].startswith(f"{B // 2}x{T}x2x") for c in calls)
