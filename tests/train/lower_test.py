@@ -29,10 +29,14 @@ ALL = sorted(os.path.relpath(p, os.path.join(REPO, "gin_configs"))
 B, T = 8, 256
 
 
+def _cli_env() -> dict[str, str]:
+    """This environment without the suite's XLA_FLAGS: the CLI asks for its own devices."""
+    return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+
+
 def _lower(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     return subprocess.run([sys.executable, "-m", "xlm_jax.lower", *args], capture_output=True,
-                          text=True, cwd=REPO, env=env, timeout=600)
+                          text=True, cwd=REPO, env=_cli_env(), timeout=600)
 
 
 # The families at depth 2 (every layer lowers to the same kernels; each unrolled layer adds
@@ -69,10 +73,10 @@ def lowered() -> dict[tuple[str, ...], dict]:
     """{argv: the CLI's returncode, stdout, stderr} of every lowering of `make test`, run in
     one fresh process."""
     runs = [_family_args(f, p) for f in FAMILIES for p in ("cuda", "tpu")] + [XLA_CONTROL, CUDNN]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     done = subprocess.run([sys.executable, os.path.join(REPO, "tests", "testlib",
                                                         "lower_many.py"), json.dumps(runs)],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=1200)
+                          capture_output=True, text=True, cwd=REPO, env=_cli_env(),
+                          timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     return {tuple(r["argv"]): r for r in json.loads(done.stdout.splitlines()[-1])}
 
