@@ -266,9 +266,13 @@ def test_stage1_sends_no_gradient_and_follows_the_current_parameters():
         return ernie_m.masked_lm_sums(lg, prep["target_ids"],
                                                       prep["target_weights"])[0]
 
+    # (to float32 rounding, relative to the largest gradient: the two are different programs,
+    # which XLA may fuse differently)
     g, g_fixed = jax.jit(jax.grad(loss))(params), jax.jit(jax.grad(fixed))(params)
-    for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_fixed)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    leaves = [np.asarray(b) for b in jax.tree_util.tree_leaves(g_fixed)]
+    scale = max(np.abs(b).max() for b in leaves)
+    for a, b in zip(jax.tree_util.tree_leaves(g), leaves):
+        np.testing.assert_allclose(np.asarray(a), b, rtol=0, atol=1e-5 * scale)
     # ... and the pseudo-tokens come from the parameters it is given
     other = obj.pseudo_tokens(_params(obj, seed=9), prep)
     assert (np.asarray(other.ids)[w] != np.asarray(pseudo.ids)[w]).mean() > 0.5
