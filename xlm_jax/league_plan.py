@@ -173,17 +173,19 @@ def recipe_cost(gin_files: Sequence[str], bindings: Sequence[str]) -> RecipeCost
 
 def _trainer_cost() -> tuple[float, float, int]:
     """(FLOPs per token, row positions per step, cycle) of the parsed `loop.train`: the
-    objectives built exactly as `loop.build_objectives` builds them (each factory called with
-    the model and its name), the mixture's shapes from `train.mixture`, the FLOPs from
+    objectives built as `train.setup.build_objective` builds them (each factory called with
+    the model, its name and the run arguments it declares; no language table, as the FLOPs
+    do not depend on it), the mixture's shapes from `train.mixture`, the FLOPs from
     `train.flops.mixture_flops_per_token`. THE one function that reads trainer internals."""
     from xlm_jax.data.features import example_kind
     from xlm_jax.models.transformer import Transformer
-    from xlm_jax.train import flops, mixture
+    from xlm_jax.train import flops, mixture, setup
 
     kw = gin.get_bindings("loop.train")
     net = Transformer(kw["model"])
     shapes = mixture.resolve(kw["objectives"], kw["batch_size"], kw["seq_len"])
-    objs = [spec.factory(model=net, name=name) for name, spec in kw["objectives"].items()]
+    objs = [setup.build_objective(net, name, spec, None, check_tasks=False)
+            for name, spec in kw["objectives"].items()]
     ordered = [shapes[o.name] for o in objs]
     fpt = flops.mixture_flops_per_token(objs, kw["seq_len"], ordered)
     tokens = sum(s.batch_size * len(example_kind(o.kind).prefixes) * s.seq_len / s.every

@@ -220,11 +220,10 @@ def build(mesh_sizes: Mapping[str, int], batch_size: int | None = None,
     mesh = partitioning.make_mesh(partitioning.MeshConfig(**mesh_sizes), jax.devices())
     setup.check_batches(shapes, batch_size, kw["accum_steps"], mesh)
     net = Transformer(model)
-    objs, rules = setup.build_objectives(net, specs, kw["axis_rule_overrides"],
-                                        kw["optimizer"], check_tasks=False)
     # languages=None: no seqio task records a language table for synthetic streams (as train)
-    parts = setup.build_state(net, objs, specs, rules, None, kw["optimizer"], seq_len, mesh,
-                             check_tasks=False)
+    objs, rules = setup.build_objectives(net, specs, None, kw["axis_rule_overrides"],
+                                        kw["optimizer"], check_tasks=False)
+    parts = setup.build_state(net, objs, rules, kw["optimizer"], seq_len, mesh)
     state = jax.tree_util.tree_map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         parts.abstract, parts.shardings)

@@ -87,8 +87,8 @@ def test_every_pass_sees_what_the_paper_says():
     tlm = _run_objective(MaskedLM(NET, "tlm", "pair", max_predictions=2), PAIR)
     camlm = _run_objective(CrossAttentionMLM(NET, max_predictions=2), PAIR)
     one = _run_objective(CrossAttentionMLM(NET, max_predictions=2, passes="one"), PAIR)
-    bt = _run_objective(BackTranslationMLM(NET, target_languages=["a", "b"], proportion=0.75,
-                                           max_predictions=2), MONO)
+    bt = _run_objective(BackTranslationMLM(NET, languages=None, target_languages=["a", "b"],
+                                           proportion=0.75, max_predictions=2), MONO)
     assert len(mmlm) == len(tlm) == len(one) == layers and len(camlm) == len(bt) == 2 * layers
     for got, name in [(mmlm, "mmlm"), (tlm, "tlm"), (camlm[:layers], "camlm_src"),
                       (camlm[layers:], "camlm_tgt"), (bt[:layers], "btmlm_stage1"),
@@ -182,9 +182,8 @@ def test_camlm_loss_is_the_sum_of_the_two_side_means():
 
 def _btmlm(**kw):
     kw = {"target_languages": ["de", "fr", "en"], "max_predictions": 4, "mask_prob": 0.3, **kw}
-    obj = BackTranslationMLM(NET, **kw)
-    obj.bind_languages(["en", "de", "fr", "ja", "zh"])  # en=1, de=2, fr=3
-    return obj
+    # the run's language table: en=1, de=2, fr=3
+    return BackTranslationMLM(NET, languages=["en", "de", "fr", "ja", "zh"], **kw)
 
 
 def test_btmlm_stage_inputs():
@@ -301,15 +300,15 @@ def test_btmlm_loss_matches_numpy():
 
 
 @pytest.mark.parametrize("make, match", [
-    (lambda: BackTranslationMLM(NET, target_languages=["de"], proportion=0.0),
+    (lambda: BackTranslationMLM(NET, languages=None, target_languages=["de"], proportion=0.0),
      r"BackTranslationMLM\(name='btmlm'\): proportion=0.0 .* must be in \(0, 1\]"),
-    (lambda: BackTranslationMLM(NET, target_languages=["de"], proportion=1.5),
+    (lambda: BackTranslationMLM(NET, languages=None, target_languages=["de"], proportion=1.5),
      r"proportion=1.5"),
-    (lambda: BackTranslationMLM(NET, target_languages=[]),
+    (lambda: BackTranslationMLM(NET, languages=None, target_languages=[]),
      r"target_languages is empty: BTMLM needs the languages of the parallel data"),
-    (lambda: BackTranslationMLM(NET, target_languages=["de"], decoding="beam"),
+    (lambda: BackTranslationMLM(NET, languages=None, target_languages=["de"], decoding="beam"),
      r"decoding='beam' must be one of argmax, sample"),
-    (lambda: BackTranslationMLM(Transformer(CFG.replace(num_languages=0)),
+    (lambda: BackTranslationMLM(Transformer(CFG.replace(num_languages=0)), languages=None,
                                 target_languages=["de"]),
      r"BackTranslationMLM\(name='btmlm'\) needs a model with language embeddings, but "
      r"num_languages=0"),

@@ -28,7 +28,7 @@ TOKEN_CFG = CFG.replace(num_languages=0, pad_vocab_to_multiple_of=16)
 
 def _setup(cfg=CFG, **kw):
     net = Transformer(cfg)
-    obj = Translation(net, decoder_layers=2, **kw)
+    obj = Translation(net, decoder_layers=2, **{"languages": None, **kw})
     params = nn.meta.unbox(init_params(net, [WeightedObjective(obj)], 16, jax.random.PRNGKey(0)))
     batch = {k: jnp.asarray(v) for k, v in synthetic_batch(3, 12, V, "split_pair", seed=1,
                                                            num_languages=3).items()}
@@ -146,7 +146,8 @@ def test_greedy_decoding_equals_an_uncached_argmax_through_the_objective(tokens)
 ])
 def test_bad_settings_name_the_value(kw, cfg, match):
     with pytest.raises(ValueError, match=match):
-        Translation(Transformer(CFG.replace(**cfg)), **{"decoder_layers": 2, **kw})
+        Translation(Transformer(CFG.replace(**cfg)),
+                    **{"decoder_layers": 2, "languages": None, **kw})
 
 
 def test_language_tokens_open_each_row_with_its_language():
@@ -161,11 +162,14 @@ def test_language_tokens_open_each_row_with_its_language():
         np.testing.assert_array_equal(ids[live, 0], V + lang[live] - 1)
         np.testing.assert_array_equal(ids[~live, 0], raw[side + "input_ids"][~live, 0])
         np.testing.assert_array_equal(ids[:, 1:], raw[side + "input_ids"][:, 1:])
-    obj.bind_languages(["de", "c", "a", "b"])  # lang_ids 1..4; "de" has no token
-    assert list(obj._token_table) == [-1, -1, V + 2, V, V + 1]
+    net = Transformer(TOKEN_CFG)
+    run = Translation(net, decoder_layers=2, language_tokens=TOKENS,
+                      languages=["de", "c", "a", "b"])
+    assert list(run._token_table) == [-1, -1, V + 2, V, V + 1]  # lang_ids 1..4; "de": none
     with pytest.raises(ValueError, match=r"names 'b', which is not in the tasks' language"):
-        obj.bind_languages(["a", "c"])
+        Translation(net, decoder_layers=2, language_tokens=TOKENS, languages=["a", "c"])
     with pytest.raises(ValueError, match=r"language 'de' has no language-id token \(language_"
                                          r"tokens=\['a', 'b', 'c'\]\); add it \(the task's "
                                          r"rows are in a, de\)"):
-        obj.check_task_languages(["a", "de"])
+        Translation(net, decoder_layers=2, language_tokens=TOKENS, languages=["a", "b", "c", "de"],
+                    task_languages=["a", "de"])

@@ -73,11 +73,12 @@ CASES = {
     "camlm_two": (lambda n: CrossAttentionMLM(n, max_predictions=3), "pair", {"num_languages": 4}),
     "camlm_one": (lambda n: CrossAttentionMLM(n, max_predictions=3, passes="one"), "pair",
                   {"num_languages": 4}),
-    "btmlm": (lambda n: BackTranslationMLM(n, target_languages=["a", "b"], proportion=0.2,
-                                           max_predictions=3), "mono", {"num_languages": 4}),
+    "btmlm": (lambda n: BackTranslationMLM(n, languages=None, target_languages=["a", "b"],
+                                           proportion=0.2, max_predictions=3), "mono",
+              {"num_languages": 4}),
     "veco": (lambda n: VariableMLM(n, max_predictions=5, mask_prob=0.25), "split_pair",
              {"cross_attention": True}),
-    "translation": (lambda n: Translation(n, decoder_layers=1), "split_pair",
+    "translation": (lambda n: Translation(n, decoder_layers=1, languages=None), "split_pair",
                     {"cross_attention": True, "num_languages": 4}),
 }
 

@@ -1,5 +1,7 @@
 """VECO (IS-MLM + CS-MLM on a stack with cross-attention) in the real trainer: 8 fake devices
 with gradient accumulation = 1 device (the four terms' means use global counts)."""
+import functools
+
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -80,8 +82,8 @@ def test_translation_starts_from_a_veco_checkpoint_and_trains(tmp_path):
 
     _train(tmp_path / "veco", 1, model={**MODEL, "num_layers": 2}, objectives=_veco())
     veco = _state(tmp_path / "veco")["params"]["encoder"]["layers_1"]
-    spec = {"translate": loop.ObjectiveSpec(factory=lambda model, name: Translation(
-        model, name=name, decoder_layers=1), task="synthetic:split_pair")}
+    spec = {"translate": loop.ObjectiveSpec(factory=functools.partial(
+        Translation, decoder_layers=1), task="synthetic:split_pair")}
     _train(tmp_path / "mt", 2, model={**MODEL, "num_layers": 2, "num_languages": 4,
                                                "language_init": "zeros"},
            objectives=spec, init_from=str(tmp_path / "veco"), save_initial=True)

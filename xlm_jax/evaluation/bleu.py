@@ -121,8 +121,7 @@ def evaluate(model_dir: str, *, source_file: str = gin.REQUIRED,
     src_id, tgt_id = (language_index(lang, languages) for lang in (source_lang, target_lang))
     tok = XLMRTokenizer(md.find_spm(model_dir))
     objective = Translation(Transformer(cfg), decoder_layers=decoder_layers,
-                            language_tokens=language_tokens)
-    objective.bind_languages(languages)
+                            language_tokens=language_tokens, languages=languages)
     with ocp.StandardCheckpointer() as ckptr:
         params = ckptr.restore(md.trainer_state_dir(model_dir, step))["params"]
     run = jax.jit(lambda p, ids: translate_batch(

@@ -17,7 +17,10 @@ objective and the offending name):
 - `logical_axis_rules()`: rules for the logical axis names its modules and state introduce
   (the XLCo queue), merged into the run's rule table; a name without a rule is an error;
 - `encoder_params_used`: paths of encoder parameters it reads directly (tied embeddings),
-  checked to exist.
+  checked to exist;
+- `run_arguments`: constructor keywords the trainer fills from the run (`RUN_ARGUMENTS`: the
+  run's language table, the task's languages), so that everything that depends on the run's
+  languages is resolved, or refused, when the objective is built.
 
 An objective turns one batch of its data stream into a loss made of named *terms*. It is
 split in two so that gradient accumulation is exact:
@@ -116,6 +119,14 @@ def check_kind(owner: str, kind: str, allowed: Sequence[str] = KINDS) -> str:
     return name
 
 
+# What the trainer can pass to an objective's constructor (`Objective.run_arguments`):
+# - languages: the run's `lang_ids` table, language codes with id i + 1 = languages[i]; None
+#   when the streams are synthetic and carry no codes;
+# - task_languages: the languages the objective's task rows can carry, when the registry
+#   records them (parallel tasks); None otherwise.
+RUN_ARGUMENTS = ("languages", "task_languages")
+
+
 class Objective(abc.ABC):
     """Base class: subclasses set `name` and `kind` and implement `prepare`, `counts` and
     `loss` (and `term_weights` for more than one loss term); objectives with modules of their
@@ -128,6 +139,11 @@ class Objective(abc.ABC):
     term_weights: Mapping[str, float] = types.MappingProxyType({"loss": 1.0})
     shared_modules: tuple[str, ...] = ()  # module names it shares with other objectives
     encoder_params_used: tuple[str, ...] = ()  # e.g. ("embeddings/word_embeddings/embedding",)
+    # Keyword arguments of its constructor that the trainer fills from the run, beside `model`
+    # and `name` (`RUN_ARGUMENTS`); none by default. ERNIE-M's BTMLM takes the run's language
+    # table to resolve its target languages; Translation takes it and its task's languages to
+    # map languages to tokens and refuse one without a token, all before compiling.
+    run_arguments: tuple[str, ...] = ()
 
     # -- declarations ---------------------------------------------------------------------
 
@@ -157,18 +173,6 @@ class Objective(abc.ABC):
     def logical_axis_rules(self) -> Sequence[tuple[str, Any]]:
         """Rules (logical name -> mesh axes) for names its modules and state introduce."""
         return ()
-
-    def bind_languages(self, languages: Sequence[str] | None) -> None:
-        """Called by the trainer before compiling with the run's `lang_ids` table (language
-        codes, id i + 1 = `languages[i]`), or None when the streams are synthetic and carry
-        no codes. Objectives whose settings name languages (ERNIE-M's BTMLM targets) resolve
-        them here and raise a ValueError naming the setting; nothing by default."""
-
-    def check_task_languages(self, codes: Sequence[str]) -> None:
-        """Called by the trainer before compiling with the languages the objective's task rows
-        can carry, when the registry records them (parallel tasks). An objective that needs
-        something per language (Translation's language-id tokens) raises a ValueError naming
-        the language it lacks; nothing by default."""
 
     # -- parameter access -----------------------------------------------------------------
 

@@ -218,13 +218,17 @@ class BackTranslationMLM(Objective):
     """ERNIE-M BTMLM on monolingual rows; see the module docstring."""
 
     kind = "mono"
+    run_arguments = ("languages",)
 
-    def __init__(self, model: Transformer, name: str = "btmlm",
+    def __init__(self, model: Transformer, name: str = "btmlm", *,
+                 languages: Sequence[str] | None,
                  target_languages: Sequence[str] = (), proportion: float = 0.15,
                  decoding: str = "argmax", temperature: float = 1.0, mask_prob: float = 0.15,
                  max_predictions: int = 20, start_step: int = 0,
                  train_steps: int | None = None):
-        """`start_step`: BTMLM's loss counts from its `start_step`-th update on (0 = from the
+        """`languages`: the run's `lang_ids` table (the trainer passes it; None for synthetic
+        streams, which carry no codes); `target_languages` are resolved in it here.
+        `start_step`: BTMLM's loss counts from its `start_step`-th update on (0 = from the
         first); `train_steps`: the run's length, to refuse a start the run never reaches."""
         owner = f"BackTranslationMLM(name={name!r})"
         self.owner = owner
@@ -252,22 +256,21 @@ class BackTranslationMLM(Objective):
         self.model, self.name = model, name
         self.proportion, self.decoding, self.temperature = float(proportion), decoding, temperature
         self.masking = _masking(model, mask_prob, max_predictions)
-        self.bind_languages(None)
+        self.target_ids = self._target_ids(languages)
 
-    def bind_languages(self, languages: Sequence[str] | None) -> None:
-        """Resolves `target_languages` to `lang_ids` in the run's table. Synthetic streams have
-        no codes: there the i-th target is id 1 + i mod (num_languages - 1)."""
+    def _target_ids(self, languages: Sequence[str] | None) -> tuple[int, ...]:
+        """`target_languages` as `lang_ids` of the run's table. Synthetic streams have no
+        codes: there the i-th target is id 1 + i mod (num_languages - 1)."""
         rows = self.model.config.num_languages
         if languages is None:
-            ids = [1 + i % (rows - 1) for i in range(len(self.target_languages))]
-        else:
-            ids = []
-            for code in self.target_languages:
-                try:
-                    ids.append(language_index(code, languages))
-                except ValueError as e:
-                    raise ValueError(f"{self.owner}: target_languages has {code!r}: {e}") from None
-        self.target_ids = tuple(ids)
+            return tuple(1 + i % (rows - 1) for i in range(len(self.target_languages)))
+        ids = []
+        for code in self.target_languages:
+            try:
+                ids.append(language_index(code, languages))
+            except ValueError as e:
+                raise ValueError(f"{self.owner}: target_languages has {code!r}: {e}") from None
+        return tuple(ids)
 
     # -- stage inputs ---------------------------------------------------------------------
 

@@ -29,8 +29,8 @@ Languages, two ways:
 - `language_tokens=None`: every token carries its language through the model's language
   embeddings (XLM's way, `lang_ids`; needs `num_languages > 0`; `language_init='zeros'`
   keeps a pre-trained stack's function unchanged at step 0).
-A language without a token fails before compiling (`check_task_languages` with the task's
-languages; `token_of` for the test languages of `xlm_jax.translate`). Decoding:
+A language without a token fails when the objective is built (`task_languages`, which the
+trainer passes; `token_of` for the test languages of `xlm_jax.translate`). Decoding:
 `xlm_jax.translate` (beam search with a cache, `xlm_jax.models.decoding`).
 """
 from __future__ import annotations
@@ -57,11 +57,17 @@ class Translation(Objective):
     """Sequence-to-sequence fine-tuning on `split_pair` rows (x = source, y = target)."""
 
     kind = "split_pair"
+    run_arguments = ("languages", "task_languages")
 
     def __init__(self, model: Transformer, name: str = "translate", decoder_layers: int = 6,
                  take: str = "last", label_smoothing: float = 0.1,
                  decoder_module: str = "decoder",
-                 language_tokens: Sequence[str] | None = None):
+                 language_tokens: Sequence[str] | None = None, *,
+                 languages: Sequence[str] | None,
+                 task_languages: Sequence[str] | None = None):
+        """`languages`: the run's `lang_ids` table (the trainer passes it; None for synthetic
+        streams, whose `lang_ids` k is `language_tokens[k - 1]`); `task_languages`: the
+        languages of the task's rows when known, each of which must have a token."""
         owner = f"Translation(name={name!r})"
         cfg = model.config
         if not isinstance(decoder_layers, int) or not 1 <= decoder_layers <= cfg.num_layers:
@@ -92,12 +98,15 @@ class Translation(Objective):
                     f"pad_vocab_to_multiple_of")
             self.language_tokens = tuple(codes)
         self.owner = owner
-        # lang_ids value -> language-id token (-1: none); synthetic streams (no language
-        # list) read lang_ids k as language_tokens[k - 1]
-        self._token_table = np.array(
-            [-1] + [cfg.vocab_size + i for i in range(len(self.language_tokens or ()))],
-            np.int32)
         self.model, self.name = model, name
+        self._token_table = self._tokens_by_lang_id(languages)
+        if self.language_tokens is not None:
+            for code in task_languages or ():
+                try:
+                    self.token_of(code)
+                except ValueError as e:
+                    raise ValueError(f"{e} (the task's rows are in "
+                                     f"{', '.join(task_languages)})") from None
         self.take, self.label_smoothing = take, float(label_smoothing)
         self.decoder_module = decoder_module
         self.decoder_config = cfg.replace(num_layers=decoder_layers, cross_attention=True)
@@ -116,26 +125,19 @@ class Translation(Objective):
                              f"(language_tokens={list(self.language_tokens)}); add it")
         return self.model.config.vocab_size + self.language_tokens.index(code)
 
-    def bind_languages(self, languages: Sequence[str] | None) -> None:
-        """Maps the run's `lang_ids` values to the tokens (a listed code missing from the run's
-        language list is a ValueError)."""
-        if self.language_tokens is None or languages is None:
-            return
-        missing = [c for c in self.language_tokens if c not in languages]
+    def _tokens_by_lang_id(self, languages: Sequence[str] | None) -> np.ndarray:
+        """`lang_ids` value -> language-id token (-1: none; a listed code missing from the
+        run's language list is a ValueError). Synthetic streams (no language list) read
+        `lang_ids` k as `language_tokens[k - 1]`."""
+        tokens = self.language_tokens or ()
+        if languages is None:
+            return np.array([-1] + [self.token_of(c) for c in tokens], np.int32)
+        missing = [c for c in tokens if c not in languages]
         if missing:
             raise ValueError(f"{self.owner}: language_tokens names {missing[0]!r}, which is not "
                              f"in the tasks' language list")
-        self._token_table = np.array(
-            [-1] + [self.token_of(c) if c in self.language_tokens else -1 for c in languages],
-            np.int32)
-
-    def check_task_languages(self, codes: Sequence[str]) -> None:
-        if self.language_tokens is not None:
-            for code in codes:
-                try:
-                    self.token_of(code)
-                except ValueError as e:
-                    raise ValueError(f"{e} (the task's rows are in {', '.join(codes)})") from None
+        return np.array([-1] + [self.token_of(c) if c in tokens else -1 for c in languages],
+                        np.int32)
 
     def first_tokens(self, source_lang: int, target_lang: int, bos_id: int) -> tuple[int, int]:
         """The first token of a source row and the decoder's first input for `lang_ids`

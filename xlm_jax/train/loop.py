@@ -141,8 +141,8 @@ def train(model_dir: str,
     spm_model = streams_lib.run_spm_model(spm_model, seqio_tasks)  # the tasks' tokenizer
     evals = evaluators_lib.check_evaluators(evaluators)
     net = Transformer(model)
-    objs, rules = setup.build_objectives(net, objectives, axis_rule_overrides, optimizer,
-                                         check_tasks=not force_synthetic)
+    objs, rules = setup.build_objectives(net, objectives, languages, axis_rule_overrides,
+                                         optimizer, check_tasks=not force_synthetic)
     context = evaluators_lib.EvalContext(
         model=model, model_dir=model_dir, spm_model=spm_model, languages=languages, rules=rules,
         mesh=device_mesh, seed=seed, objectives=objectives, objs=objs, shapes=shapes,
@@ -150,8 +150,7 @@ def train(model_dir: str,
     for ev in evals:  # each checks its files and tasks now
         ev.bind(context)
     ranked = evaluators_lib.check_keep_best(checkpoint, evals)
-    parts = setup.build_state(net, objs, objectives, rules, languages, optimizer, seq_len,
-                              device_mesh, check_tasks=not force_synthetic)
+    parts = setup.build_state(net, objs, rules, optimizer, seq_len, device_mesh)
     is_primary = jax.process_index() == 0
     if is_primary:
         setup.write_model_files(model_dir, model, spm_model, languages)

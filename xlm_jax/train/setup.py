@@ -9,6 +9,7 @@ step. `xlm_jax.pod_memory` and `xlm_jax.lower` build the same state and step wit
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -198,13 +199,39 @@ def check_batches(shapes: Mapping[str, mixture.Shape], batch_size: int, accum_st
             _check_batch(shape.batch_size, accum_steps, mesh, name)
 
 
+def _run_arguments(factory: Callable[..., Objective]) -> tuple[str, ...]:
+    """The `run_arguments` a factory declares: an Objective class's (gin's configurable
+    subclass included), or that of the class a `functools.partial` wraps; () otherwise."""
+    target = factory.func if isinstance(factory, functools.partial) else factory
+    return tuple(getattr(target, "run_arguments", ()))
+
+
+def build_objective(net: Transformer, name: str, spec: ObjectiveSpec,
+                    languages: Sequence[str] | None, check_tasks: bool) -> Objective:
+    """`spec.factory(model=net, name=name, ...)`, with the run arguments the factory declares
+    (`Objective.run_arguments`): the run's language table, and the languages its seqio task
+    records (when `check_tasks`; None otherwise)."""
+    values = {"languages": languages,
+              "task_languages": (streams_lib.task_languages(spec.task) or None)
+              if check_tasks else None}
+    wanted = _run_arguments(spec.factory)
+    unknown = [a for a in wanted if a not in values]
+    if unknown:
+        raise ValueError(f"objective {name!r}: run_arguments names {unknown[0]!r}; the trainer "
+                         f"passes {', '.join(values)}")
+    return spec.factory(model=net, name=name, **{a: values[a] for a in wanted})
+
+
 def build_objectives(net: Transformer, specs: Mapping[str, ObjectiveSpec],
+                     languages: Sequence[str] | None,
                      axis_rule_overrides: Sequence[tuple[str, Any]],
                      optimizer: optim_lib.OptimizerConfig, check_tasks: bool
                      ) -> tuple[list[step_lib.WeightedObjective], partitioning.Rules]:
-    """The mixture's objectives and the run's rule table, after the checks that need no
-    shapes: each seqio task's kind, module names, rules, learning-rate multipliers."""
-    objs = [step_lib.WeightedObjective(spec.factory(model=net, name=name), spec.weight)
+    """The mixture's objectives, built with the run's language table (None: synthetic
+    streams), and the run's rule table, after the checks that need no shapes: each seqio
+    task's kind and languages, module names, rules, learning-rate multipliers."""
+    objs = [step_lib.WeightedObjective(build_objective(net, name, spec, languages, check_tasks),
+                                       spec.weight)
             for name, spec in specs.items()]
     plain = [o.objective for o in objs]
     declarations.check_kinds(plain, {o.name: streams_lib.task_kinds(specs[o.name].task)
@@ -241,18 +268,10 @@ class StateParts:
 
 
 def build_state(net: Transformer, objs: Sequence[step_lib.WeightedObjective],
-                specs: Mapping[str, ObjectiveSpec], rules: partitioning.Rules,
-                languages: Sequence[str] | None, optimizer: optim_lib.OptimizerConfig,
-                seq_len: int, mesh: jax.sharding.Mesh, check_tasks: bool) -> StateParts:
-    """Binds the run's language table to the objectives (checking each seqio task's languages
-    when `check_tasks`), builds the optimiser and init function, checks the declarations
-    against the traced state and derives its shardings; traces only, allocates nothing."""
-    for o in objs:
-        o.objective.bind_languages(languages)
-        if check_tasks:
-            task_codes = streams_lib.task_languages(specs[o.name].task)
-            if task_codes:
-                o.objective.check_task_languages(task_codes)
+                rules: partitioning.Rules, optimizer: optim_lib.OptimizerConfig,
+                seq_len: int, mesh: jax.sharding.Mesh) -> StateParts:
+    """Builds the optimiser and init function, checks the declarations against the traced
+    state and derives its shardings; traces only, allocates nothing."""
     schedule = optim_lib.make_schedule(optimizer)
     tx = optim_lib.make_optimizer(optimizer)
     init_fn = step_lib.make_init_fn(net, objs, tx, seq_len)
