@@ -40,7 +40,8 @@ from xlm_jax.train.resume import ResumeInfo
 class ObjectiveSpec:
     """One objective of the mixture: how to build it, what feeds it, its loss weight."""
 
-    factory: Callable[..., Objective]  # called as factory(model=..., name=...)
+    # called as factory(model=..., name=..., **run arguments it declares), see build_objective
+    factory: Callable[..., Objective]
     # A seqio task/mixture name, synthetic:KIND, or a stream object (data.MemoryStream)
     task: streams_lib.Task = "synthetic:mono"
     weight: float = 1.0
