@@ -24,7 +24,7 @@ import numpy as np
 from xlm_jax import model_dir as md
 from xlm_jax.models.config import ModelConfig
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import Objective
+from xlm_jax.objectives.base import RUN_ARGUMENTS, Objective
 from xlm_jax.train import checkpoints as ckpt_lib
 from xlm_jax.train import streams as streams_lib
 from xlm_jax.train import data_state
@@ -212,15 +212,17 @@ def build_objective(net: Transformer, name: str, spec: ObjectiveSpec,
     """`spec.factory(model=net, name=name, ...)`, with the run arguments the factory declares
     (`Objective.run_arguments`): the run's language table, and the languages its seqio task
     records (when `check_tasks`; None otherwise)."""
-    values = {"languages": languages,
-              "task_languages": (streams_lib.task_languages(spec.task) or None)
-              if check_tasks else None}
     wanted = _run_arguments(spec.factory)
-    unknown = [a for a in wanted if a not in values]
+    unknown = [a for a in wanted if a not in RUN_ARGUMENTS]
     if unknown:
         raise ValueError(f"objective {name!r}: run_arguments names {unknown[0]!r}; the trainer "
-                         f"passes {', '.join(values)}")
-    return spec.factory(model=net, name=name, **{a: values[a] for a in wanted})
+                         f"passes {', '.join(RUN_ARGUMENTS)}")
+    values = {}  # only what the factory asks for: the task's languages query the registry
+    if "languages" in wanted:
+        values["languages"] = languages
+    if "task_languages" in wanted:
+        values["task_languages"] = streams_lib.task_languages(spec.task) if check_tasks else None
+    return spec.factory(model=net, name=name, **values)
 
 
 def build_objectives(net: Transformer, specs: Mapping[str, ObjectiveSpec],
