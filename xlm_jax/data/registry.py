@@ -17,6 +17,7 @@ name taken by a Task/Mixture that xlm_jax did not register is an error.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -27,8 +28,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import seqio
 import tensorflow as tf
 
+from xlm_jax.data import prepared
 from xlm_jax.data import preprocessors as prep
 from xlm_jax.data import sampling, sources
+from xlm_jax.data.prepared_files import Corpus
 from xlm_jax.data.features import (EXAMPLE_KINDS, ExampleKind, default_language_list,
                                    example_kind, language_index, valid_kinds)
 from xlm_jax.data.sources import CorpusStats
@@ -46,6 +49,8 @@ __all__ = [
     "get_provider",
     "provider_kind",
     "mixture_rates",
+    "preparing",
+    "prepared_root",
 ]
 
 logger = logging.getLogger(__name__)
@@ -58,13 +63,17 @@ VocabLike = Union[str, os.PathLike, seqio.Vocabulary]
 
 class XlmTask(seqio.Task):
     """A seqio Task that remembers its example kind (the name of its `features.ExampleKind`),
-    registration definition and the language list its `lang_ids` index into."""
+    registration definition, the language list its `lang_ids` index into and the corpus
+    files it reads (`prepared_files.Corpus`, what `data.prepare` tokenises; none when it
+    reads prepared data)."""
 
     def __init__(self, *args, xlm_jax_kind: str, xlm_jax_definition: Any,
-                 xlm_jax_languages: Sequence[str] = (), **kwargs):
+                 xlm_jax_languages: Sequence[str] = (),
+                 xlm_jax_corpora: Sequence[Corpus] = (), **kwargs):
         self.xlm_jax_kind = xlm_jax_kind
         self.xlm_jax_definition = xlm_jax_definition
         self.xlm_jax_languages = tuple(xlm_jax_languages)
+        self.xlm_jax_corpora = tuple(xlm_jax_corpora)
         super().__init__(*args, **kwargs)
 
 
@@ -91,6 +100,33 @@ def _add(registry, name: str, definition: Any, add: Callable[[], Any]) -> Any:
         logger.info("re-registering %r with a changed definition", name)
         registry.remove(name)
     return add()
+
+
+_PREPARING = [False]
+
+
+@contextlib.contextmanager
+def preparing():
+    """Registrations inside count nothing and read no prepared data: `data.prepare` registers
+    the raw tasks to learn their corpus files, and counts the corpora itself, in parallel.
+    Their mixture rates are placeholders (equal)."""
+    _PREPARING[0] = True
+    try:
+        yield
+    finally:
+        _PREPARING[0] = False
+
+
+def _prepared_root(prepared_dir: Optional[str]) -> Optional[str]:
+    """The prepared data a registration reads: its own `prepared_dir`, else the process's
+    (`prepared.use`), never while preparing."""
+    return None if _PREPARING[0] else (prepared_dir or prepared.default_dir())
+
+
+def _sizes(cache: StatsCache, paths: Sequence[str], vocab: seqio.Vocabulary, what: str,
+           count: Callable[[], CorpusStats]) -> Optional[CorpusStats]:
+    """A raw corpus's counted stats (None while preparing: nothing is counted then)."""
+    return None if _PREPARING[0] else corpus_stats(cache, paths, vocab, what, count)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -185,6 +221,7 @@ def register_monolingual(
     language_list: Optional[Sequence[str]] = None,
     rate_by: str = "tokens",
     shuffle_buffer_size: int = 1000,
+    prepared_dir: Optional[str] = None,
 ) -> Registration:
     """Registers CC-100 style corpora `{data_dir}/{lang}.txt[.xz|.gz]`, one Task per language.
 
@@ -192,8 +229,11 @@ def register_monolingual(
       segments) or "split_pair" (adjacent segments x, y).
     sequence_length: segment length T used when the dataset is requested without one.
     language_list: the `lang_ids` table (`language_index`); default `default_language_list()`.
+    prepared_dir: read the tasks from what `data.prepare` wrote there (`PREPARED/TASK/`)
+      instead of the files (default: the process's, `prepared.use`; see `data.prepared`).
     Raises: FileNotFoundError for a missing language file (naming the path and the languages
-    found), ValueError for an empty file, an unknown language code or alpha <= 0.
+    found), ValueError for an empty file, an unknown language code or alpha <= 0,
+    `prepared_files.PreparedError` for prepared data that does not match.
     """
     record = _check_common(name_prefix, alpha, rate_by, kind, "register_monolingual",
                            "from_documents")
@@ -209,39 +249,65 @@ def register_monolingual(
     data_dir = os.fspath(data_dir)
     cache = StatsCache(data_dir)
 
-    paths, stats = {}, {}
+    root, vocab_fp = _prepared_root(prepared_dir), vocab_fingerprint(vocab)
+    paths, stats, ready = {}, {}, {}
     for lang in languages:
+        name = f"{name_prefix}_{lang}"
+        if root:  # the raw file is optional then: a pod host may hold only the prepared data
+            paths[lang] = _optional_file(lambda lang=lang: sources.find_monolingual_file(
+                data_dir, lang))
+            ready[lang] = prepared.load_task(root, name, "documents", vocab_fp,
+                                             {lang: paths[lang] and [paths[lang]]})
+            stats[lang] = ready[lang].stats(lang)
+            continue
         paths[lang] = sources.find_monolingual_file(data_dir, lang)
-        stats[lang] = corpus_stats(
-            cache, [paths[lang]], vocab, "mono",
-            lambda p=paths[lang]: sources.count_monolingual(p, vocab.encode))
-    rates = sampling.smoothed_rates(
-        {lang: getattr(stats[lang], rate_by) for lang in languages}, alpha)
+        stats[lang] = _sizes(cache, [paths[lang]], vocab, "mono",
+                             lambda p=paths[lang]: sources.count_monolingual(p, vocab.encode))
+    rates = _rates(stats, rate_by, alpha)
 
     segment_fn = record.from_documents.load()
     features = _features(vocab, record, len(language_list))
     tasks, task_defs = {}, {}
     for lang in languages:
         name = f"{name_prefix}_{lang}"
-        definition = {"kind": kind, "file": file_key([paths[lang]], vocab_fingerprint(vocab),
-                                                      "mono"),
-                      "path": os.path.abspath(paths[lang]), "lang_id": lang_ids[lang],
+        definition = {"kind": kind, "lang_id": lang_ids[lang],
                       "languages": _digest(language_list), "sequence_length": sequence_length,
                       "shuffle_buffer_size": shuffle_buffer_size}
-        source = sources.monolingual_source(paths[lang], lang_ids[lang], stats[lang].examples)
-        preprocessors = [
-            prep.bind(prep.tokenize, keys={"lines": "tokens"}),
-            prep.bind(segment_fn, default_length=sequence_length),
-            prep.bind(prep.add_task_name, name=name),
-        ]
+        preprocessors = [prep.bind(segment_fn, default_length=sequence_length),
+                         prep.bind(prep.add_task_name, name=name)]
+        if root:
+            definition.update(prepared=root, digest=ready[lang].digest)
+            source, corpora = prepared.source(ready[lang], lang, [lang_ids[lang]]), ()
+        else:
+            definition.update(file=file_key([paths[lang]], vocab_fp, "mono"),
+                              path=os.path.abspath(paths[lang]))
+            source = sources.monolingual_source(paths[lang], lang_ids[lang],
+                                                stats[lang] and stats[lang].examples)
+            preprocessors.insert(0, prep.bind(prep.tokenize, keys={"lines": "tokens"}))
+            corpora = (Corpus(lang, "documents", (paths[lang],)),)
         _add(seqio.TaskRegistry, name, definition, lambda n=name, s=source, d=definition,
-             pp=preprocessors: seqio.TaskRegistry.add(
+             pp=preprocessors, c=corpora: seqio.TaskRegistry.add(
                  n, source=s, output_features=features, preprocessors=pp, task_cls=XlmTask,
                  shuffle_buffer_size=shuffle_buffer_size, xlm_jax_kind=kind,
-                 xlm_jax_definition=d, xlm_jax_languages=language_list))
+                 xlm_jax_definition=d, xlm_jax_languages=language_list, xlm_jax_corpora=c))
         tasks[lang], task_defs[lang] = name, definition
     _register_mixture(name_prefix, kind, tasks, rates, task_defs)
     return Registration(name_prefix, kind, tasks, rates, stats)
+
+
+def _optional_file(find: Callable[[], Any]) -> Any:
+    """What `find` finds, or None when the file is not there."""
+    try:
+        return find()
+    except FileNotFoundError:
+        return None
+
+
+def _rates(stats: Mapping[str, Optional[CorpusStats]], rate_by: str, alpha: float
+           ) -> dict[str, float]:
+    """The alpha-smoothed rates of the members (equal while preparing: nothing is counted)."""
+    return sampling.smoothed_rates(
+        {m: getattr(st, rate_by) if st else 1 for m, st in stats.items()}, alpha)
 
 
 def register_tfds_monolingual(
@@ -328,6 +394,7 @@ def register_parallel(
     random_order: bool = True,
     rate_by: str = "tokens",
     shuffle_buffer_size: int = 1000,
+    prepared_dir: Optional[str] = None,
 ) -> Registration:
     """Registers OPUS/Moses (`{src}-{tgt}.{src|tgt}`) or TSV corpora, one Task per pair.
 
@@ -339,6 +406,7 @@ def register_parallel(
       example belongs to one pair.
     pairs: "src-tgt" strings or (src, tgt) tuples; task names are `{prefix}_{src}_{tgt}`.
     max_side_length / max_total_length: per-side and total truncation (with specials).
+    prepared_dir: as in `register_monolingual`.
     Raises: FileNotFoundError for a missing pair, ValueError for files with different line
     counts (naming both files and counts), an empty corpus, an unknown language or alpha <= 0.
     """
@@ -360,54 +428,78 @@ def register_parallel(
     data_dir = os.fspath(data_dir)
     cache = StatsCache(data_dir)
 
-    files, stats = {}, {}
-    for src, tgt in parsed:
-        member = f"{src}-{tgt}"
+    members = [f"{src}-{tgt}" for src, tgt in parsed]
+    task_names = {m: name_prefix if record.mixes_corpora else
+                  f"{name_prefix}_{m.replace('-', '_')}" for m in members}
+    root, vocab_fp = _prepared_root(prepared_dir), vocab_fingerprint(vocab)
+    files, stats, ready = {}, {}, {}
+    for member in members:
+        src, tgt = member.split("-")
+        if root:  # the raw files are optional then (see register_monolingual)
+            files[member] = _optional_file(
+                lambda src=src, tgt=tgt: sources.find_parallel_files(data_dir, src, tgt))
+            continue
         files[member] = sources.find_parallel_files(data_dir, src, tgt)
-        stats[member] = corpus_stats(
-            cache, files[member].paths, vocab, "pair",
-            lambda f=files[member]: sources.count_parallel(f, vocab.encode))
-    rates = sampling.smoothed_rates({m: getattr(s, rate_by) for m, s in stats.items()}, alpha)
+        stats[member] = _sizes(cache, files[member].paths, vocab, "pair",
+                               lambda f=files[member]: sources.count_parallel(f, vocab.encode))
+    if root:  # a mixup task's members are the corpora of its one prepared task
+        groups = ([(name_prefix, members)] if record.mixes_corpora
+                  else [(task_names[m], [m]) for m in members])
+        for name, group in groups:
+            loaded = prepared.load_task(root, name, "pairs", vocab_fp,
+                                        {m: files[m] and files[m].paths for m in group})
+            for m in group:
+                ready[m], stats[m] = loaded, loaded.stats(m)
+    rates = _rates(stats, rate_by, alpha)
 
     def pair_source(member):
-        src, tgt = member.split("-")
-        return sources.parallel_source(files[member], lang_ids[src], lang_ids[tgt],
-                                       stats[member].examples)
+        ids = [lang_ids[x] for x in member.split("-")]
+        if root:
+            return prepared.source(ready[member], member, ids)
+        return sources.parallel_source(files[member], *ids,
+                                       stats[member] and stats[member].examples)
+
+    def corpus(member):
+        f = files[member]
+        return Corpus(member, "pairs", f.paths, f.swapped)
 
     features = _features(vocab, record, len(language_list))
     tok, build = record.from_pairs(max_side_length, max_total_length, random_order)
 
     def definition_of(member):
-        return {"kind": kind, "files": [os.path.abspath(p) for p in files[member].paths],
-                "key": file_key(files[member].paths, vocab_fingerprint(vocab), "pair"),
-                "langs": [lang_ids[x] for x in member.split("-")],
+        where = ({"prepared": root, "digest": ready[member].digest} if root
+                 else {"files": [os.path.abspath(p) for p in files[member].paths],
+                       "key": file_key(files[member].paths, vocab_fp, "pair")})
+        return {"kind": kind, **where, "langs": [lang_ids[x] for x in member.split("-")],
                 "languages": _digest(language_list), "max_side_length": max_side_length,
                 "max_total_length": max_total_length, "random_order": random_order,
                 "sequence_length": sequence_length, "shuffle_buffer_size": shuffle_buffer_size}
 
-    def add_task(name, source, definition):
-        preprocessors = [prep.bind(prep.tokenize, keys=tok), build,
-                         prep.bind(prep.add_task_name, name=name)]
+    def add_task(name, source, definition, corpora):
+        preprocessors = [build, prep.bind(prep.add_task_name, name=name)]
+        if not root:
+            preprocessors.insert(0, prep.bind(prep.tokenize, keys=tok))
         _add(seqio.TaskRegistry, name, definition, lambda: seqio.TaskRegistry.add(
             name, source=source, output_features=features, preprocessors=preprocessors,
             task_cls=XlmTask, shuffle_buffer_size=shuffle_buffer_size, xlm_jax_kind=kind,
-            xlm_jax_definition=definition, xlm_jax_languages=language_list))
+            xlm_jax_definition=definition, xlm_jax_languages=language_list,
+            xlm_jax_corpora=() if root else corpora))
 
-    members = [f"{src}-{tgt}" for src, tgt in parsed]
     if record.mixes_corpora:
         # One Task: every example spans two corpora, so there is no per-pair task; the
         # corpora are drawn inside the source with the alpha-smoothed rates.
-        definition = {"members": {m: definition_of(m) for m in members}, "rates": rates}
+        definition = {"members": {m: definition_of(m) for m in members}, "rates": rates,
+                      "prepared": root}
         source = sources.mixup_source([pair_source(m) for m in members],
                                       [rates[m] for m in members], name_prefix)
-        add_task(name_prefix, source, definition)
+        add_task(name_prefix, source, definition, [corpus(m) for m in members if not root])
         return Registration(name_prefix, kind, {m: name_prefix for m in members}, rates, stats)
     tasks, task_defs = {}, {}
     for member in members:
-        name = f"{name_prefix}_{member.replace('-', '_')}"
         task_defs[member] = definition_of(member)
-        add_task(name, pair_source(member), task_defs[member])
-        tasks[member] = name
+        add_task(task_names[member], pair_source(member), task_defs[member],
+                 [] if root else [corpus(member)])
+        tasks[member] = task_names[member]
     _register_mixture(name_prefix, kind, tasks, rates, task_defs)
     return Registration(name_prefix, kind, tasks, rates, stats)
 
@@ -446,6 +538,12 @@ def provider_kind(provider: Union[str, seqio.Task, seqio.Mixture]) -> ExampleKin
         raise ValueError(f"mixture {provider.name}: its tasks have different example kinds "
                          f"({', '.join(f'{t}: {k}' for t, k in sorted(kinds.items()))})")
     return example_kind(next(iter(kinds.values())))
+
+
+def prepared_root(task: seqio.Task) -> Optional[str]:
+    """The prepared directory a Task registered here reads (`prepared_dir`), or None when it
+    reads its raw files (or was registered elsewhere)."""
+    return (getattr(task, "xlm_jax_definition", None) or {}).get("prepared")
 
 
 def mixture_rates(name: str) -> dict[str, float]:

@@ -546,8 +546,9 @@ def mixup_source(corpora: Sequence["seqio.DataSource"], rates: Sequence[float], 
                         seed: Optional[int] = None, shard_info=None, *,
                         sequence_length=None, use_cached: bool = False,
                         num_epochs: Optional[int] = 1) -> "tf.data.Dataset":
-            del shuffle, sequence_length, use_cached, num_epochs
-            datasets = [c.get_dataset(split, shard_info=shard_info).repeat() for c in corpora]
+            del sequence_length, use_cached, num_epochs
+            datasets = [c.get_dataset(split, shuffle=shuffle, seed=seed,
+                                      shard_info=shard_info).repeat() for c in corpora]
             choices = _mixup_choices(list(rates), 0 if seed is None else seed)
             stream = tf.data.Dataset.choose_from_datasets(datasets, choices)
 

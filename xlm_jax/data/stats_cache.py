@@ -22,8 +22,8 @@ import seqio
 from xlm_jax.data import sources
 from xlm_jax.data.sources import CorpusStats
 
-__all__ = ["STATS_FILE", "StatsCache", "corpus_stats", "file_key", "stats_path",
-           "vocab_fingerprint"]
+__all__ = ["STATS_FILE", "StatsCache", "check_stats", "corpus_stats", "file_key",
+           "stats_path", "vocab_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +119,8 @@ class StatsCache:
             return CorpusStats.from_json(entry["stats"])
         content = _content_key(paths, vocab_fp, what)
         match = next((e for e in self._entries.values() if e.get("content") == content), None)
+        if match is None:
+            _announce_count(paths)
         stats = CorpusStats.from_json(match["stats"]) if match else count()
         files = [os.path.basename(p) for p in paths]
         # Drop stale entries of the same files (older versions / mtimes), keep the rest.
@@ -138,6 +140,28 @@ class StatsCache:
         os.replace(tmp, self.path)  # atomic: concurrent hosts never read a half-written file
 
 
+# The counting pass's speed, measured: `sources.count_monolingual` over the generated 300 MB
+# benchmark corpus (docs/performance.md, "Input at pod scale") on one core of the 2-core
+# machine. A corpus this large or larger is announced before it is counted.
+COUNT_MB_PER_S = 10.0
+ANNOUNCE_BYTES = 64 << 20
+
+
+def _announce_count(paths: Sequence[str]) -> None:
+    """Says, before a long counting pass, how long it will take and what avoids it."""
+    size = sum(os.path.getsize(p) for p in paths)
+    if size < ANNOUNCE_BYTES:
+        return
+    compressed = any(p.endswith((".xz", ".gz")) for p in paths)
+    seconds = size / 1e6 / COUNT_MB_PER_S
+    logger.warning(
+        "counting the tokens of %s (%.0f MB%s) on this host: about %.0f s%s at %.0f MB/s, once "
+        "(cached in the stats file); python -m xlm_jax.data.prepare counts in parallel while "
+        "it prepares the corpus", " + ".join(paths), size / 1e6,
+        " compressed" if compressed else "", seconds, " or several times that (compressed)"
+        if compressed else "", COUNT_MB_PER_S)
+
+
 # A corpus file is refused, not warned about, when at least this share of its lines is not
 # UTF-8 (our choice: a Latin-1 French or German file loses about half its lines, a few
 # corrupt lines in a large UTF-8 corpus stay a warning with their count), for files of at
@@ -147,8 +171,15 @@ NOT_UTF8_MIN_LINES = 20
 
 
 def corpus_stats(cache: StatsCache, paths: Sequence[str], vocab: seqio.Vocabulary, what: str,
-                  count: Callable[[], CorpusStats]) -> CorpusStats:
-    stats = cache.lookup(paths, vocab_fingerprint(vocab), what, count)
+                 count: Callable[[], CorpusStats]) -> CorpusStats:
+    """The corpus's cached (or counted) stats, checked by `check_stats`."""
+    return check_stats(cache.lookup(paths, vocab_fingerprint(vocab), what, count), paths, what)
+
+
+def check_stats(stats: CorpusStats, paths: Sequence[str], what: str) -> CorpusStats:
+    """Refuses a corpus that is mostly not UTF-8 or has no usable example (a one-line
+    ValueError naming the files); warns about the lines it skipped. `what`: "mono" or
+    "pair"."""
     shown = " + ".join(paths)
     read = stats.lines + stats.invalid_utf8_lines
     if read >= NOT_UTF8_MIN_LINES and stats.invalid_utf8_lines >= NOT_UTF8_FRACTION * read:

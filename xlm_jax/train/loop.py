@@ -88,6 +88,7 @@ def train(model_dir: str,
           seed: int = 0,
           data_resume: str = "checkpoint",
           task_modules: Sequence[str] = (),
+          prepared_data: str | None = None,
           init_from: str | None = None,
           spm_model: str | None = None,
           save_checkpoints: bool = True,
@@ -103,6 +104,10 @@ def train(model_dir: str,
     independent of the step; `xlm_jax.train.data_state`), "replay" (exact, costs the
     pipeline time of the skipped batches) or "reseed" (immediate, reseeded sampling but the
     file sources start over); see `xlm_jax.train.streams.resume_plan`.
+    `prepared_data`: a directory `python -m xlm_jax.data.prepare` wrote; the task modules then
+    register their tasks over it (same names) instead of their raw files: each process reads
+    only its share, in a global shuffle, and a restore is constant-time
+    (`xlm_jax.data.prepared`).
     `loss_normalization`: "per_objective" (each objective's loss is a mean over its own units)
     or "pooled" (unilm InfoXLM: loss sums over all units); see `step.make_train_step`.
     `profile_steps` > 0 records a `jax.profiler` trace of that many steps from step index
@@ -132,11 +137,11 @@ def train(model_dir: str,
     shapes = mixture.resolve(objectives, batch_size, seq_len)
     device_mesh = partitioning.make_mesh(mesh, jax.devices()[:num_devices] if num_devices else None)
     setup.check_batches(shapes, batch_size, accum_steps, device_mesh)
-    if not force_synthetic:  # synthetic runs (the benchmark) must not need TensorFlow
-        streams_lib.import_modules(task_modules)
     # the seqio tasks/mixtures the run reads (none when every stream is synthetic)
     seqio_tasks = [] if force_synthetic else [
         spec.task for spec in objectives.values() if streams_lib.is_seqio(spec.task)]
+    if not force_synthetic:  # synthetic runs (the benchmark) must not need TensorFlow
+        streams_lib.import_modules(task_modules, prepared_data, seqio_tasks)
     languages = setup.check_tasks(model, seqio_tasks)
     spm_model = streams_lib.run_spm_model(spm_model, seqio_tasks)  # the tasks' tokenizer
     evals = evaluators_lib.check_evaluators(evaluators)

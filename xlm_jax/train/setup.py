@@ -305,10 +305,13 @@ def make_streams(tasks: Mapping[str, streams_lib.Task], shapes: Mapping[str, mix
 
     A stream whose position the checkpoint saved is rebuilt with its saved seed and put
     back there; any other continues by `data.resume_plan` from the number of steps before
-    the start that its objective ran at (`mixture.Shape.runs_before`). A task is a name
-    (seqio, synthetic:KIND) or a stream object (`data.MemoryStream`), used as it is."""
+    the start that its objective ran at (`mixture.Shape.runs_before`), except a prepared
+    stream whose position another process count saved: it is reseeded (`resume_plan`'s
+    "reseed"), constant-time and deterministic, where replaying would cost the pipeline
+    time of every step before. A task is a name (seqio, synthetic:KIND) or a stream object
+    (`data.MemoryStream`), used as it is."""
     start = resume.step
-    streams, built, replayed = {}, {}, []
+    streams, built, replayed, reseeded = {}, {}, [], []
     for i, (name, task) in enumerate(tasks.items()):
         shape = shapes[name]
         here = data_state.SavedStream(seed + 1000 * i, streams_lib.task_label(task),
@@ -319,8 +322,16 @@ def make_streams(tasks: Mapping[str, streams_lib.Task], shapes: Mapping[str, mix
         if path is not None:
             stream_seed, position = resume.data_state[name]["seed"], 0
         else:
+            mode = data_resume
+            if (start and mode == "checkpoint" and name in resume.data_state
+                    and not resume.saved_positions_usable(jax.process_count())
+                    and streams_lib.is_prepared(task)):
+                # saved by another process count: a prepared stream starts a fresh permutation
+                # at once (docs/scaling.md) instead of replaying every batch before the step
+                mode = "reseed"
+                reseeded.append(name)
             stream_seed, position = streams_lib.resume_plan(here.seed, shape.runs_before(start),
-                                                         data_resume)
+                                                         mode)
             if position and streams_lib.is_seqio(task):
                 replayed.append(name)
         streams[name] = streams_lib.make_stream(
@@ -330,9 +341,14 @@ def make_streams(tasks: Mapping[str, streams_lib.Task], shapes: Mapping[str, mix
             streams[name].restore(path)
         built[name] = dataclasses.replace(here, seed=stream_seed)
     if start:
-        restored = [n for n in tasks if n not in replayed and streams_lib.is_seqio(tasks[n])]
+        restored = [n for n in tasks if n not in replayed + reseeded
+                    and streams_lib.is_seqio(tasks[n])]
         if restored:
             print(f"restored the input position of {', '.join(restored)}", flush=True)
+        if reseeded:
+            print(f"the prepared data of {', '.join(reseeded)} continues in a new order drawn "
+                  f"from (seed, step {start}): its positions were saved by "
+                  f"{resume.process_count} processes", flush=True)
         if replayed:
             print(f"replaying the input batches of {', '.join(replayed)} for the exact data "
                   "order (no saved position for them; loop.train.data_resume = 'reseed' "

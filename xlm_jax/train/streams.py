@@ -107,21 +107,53 @@ def _data_module(name: str) -> Any:
         return importlib.import_module(f"xlm_jax.data.{name}")
 
 
-def import_modules(modules: Sequence[str]) -> None:
+def import_modules(modules: Sequence[str], prepared_data: str | None = None,
+                   tasks: Sequence[Task] = ()) -> None:
     """Imports the modules that register seqio tasks (e.g. `xlm_jax_tasks.demo`); one that cannot be
     found is an ImportError naming it and the setting (`loop.train.task_modules`). The
     input pipeline's modules (seqio, TensorFlow) are imported here and in `_data_module`
     only, under `cli_help.tensorflow_quietly`: a run on synthetic streams never imports
-    TensorFlow, and one on seqio tasks imports it without TF's start-up noise."""
-    for name in modules:
-        try:
-            with cli_help.tensorflow_quietly():
-                importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            raise ImportError(
-                f"loop.train.task_modules={','.join(modules)}: cannot import {name!r} ({e}; a "
-                "task module must be importable from the working directory or PYTHONPATH)"
-            ) from e
+    TensorFlow, and one on seqio tasks imports it without TF's start-up noise.
+
+    `prepared_data` (`loop.train.prepared_data`): the directory `python -m
+    xlm_jax.data.prepare` wrote, made the registry's default before the modules register
+    their tasks (`data.prepared.use`), so that they read it instead of their raw files; None:
+    the raw files. A module imported earlier in the process under another setting is
+    imported again (registration is idempotent); with `prepared_data` set, a `tasks` member
+    that still reads other data (its module names its own `prepared_dir`) is a ValueError
+    naming both."""
+    if prepared_data is not None or modules:
+        _data_module("prepared").use(prepared_data)
+    for attempt in range(2):
+        for name in modules:
+            try:
+                with cli_help.tensorflow_quietly():
+                    module = importlib.import_module(name)
+                    if attempt:
+                        importlib.reload(module)
+            except ModuleNotFoundError as e:
+                raise ImportError(
+                    f"loop.train.task_modules={','.join(modules)}: cannot import {name!r} ({e}; a "
+                    "task module must be importable from the working directory or PYTHONPATH)"
+                ) from e
+        roots = [(where, _data_module("registry").prepared_root(member))
+                 for member, where in _seqio_members(tasks)]
+        wrong = [(where, root) for where, root in roots if root != prepared_data]
+        if not wrong:
+            return
+    if prepared_data is None:  # the module's own prepared_dir: its choice
+        return
+    where, root = wrong[0]
+    raise ValueError(f"task {where} reads {root or 'its raw files'}, but "
+                     f"loop.train.prepared_data = {prepared_data!r}: its module registers it "
+                     "with a prepared_dir of its own; leave that to the run's setting")
+
+
+def is_prepared(task: Task) -> bool:
+    """Whether every Task behind `task` reads prepared data (`xlm_jax.data.prepared`)."""
+    members = list(_seqio_members([task]))
+    registry = _data_module("registry") if members else None
+    return bool(members) and all(registry.prepared_root(m) for m, _ in members)
 
 
 def _seqio_members(tasks: Sequence[str]) -> Iterator[tuple[Any, str]]:

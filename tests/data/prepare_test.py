@@ -1,0 +1,221 @@
+"""`python -m xlm_jax.data.prepare` on Beam's DirectRunner (2 worker processes) over the demo's
+text, and the prepared tasks compared with the raw ones they replace.
+
+The reference is the raw path itself (the registry's python readers and TF tokenizer), which
+shares no code with the preparation's readers (`corpus_units`) and tokenizer calls.
+"""
+from __future__ import annotations
+
+import collections
+import importlib
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import seqio
+
+from tests.testlib import prepared_corpus as pc
+from xlm_jax.data import converters, prepared, registry
+from xlm_jax.data import prepare as prepare_lib
+from xlm_jax.data import prepared_files as pf
+from xlm_jax.data.vocab import get_vocabulary
+
+TASKS = ["pd_mono_de", "pd_mono_fr", "pd_veco_de", "pd_pairs_en_de", "pd_pairs_en_fr",
+         "pd_mixup"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """(corpus root, prepared directory, prepare's stdout)."""
+    root = pc.write(str(tmp_path_factory.mktemp("corpus")))
+    out = os.path.join(root, "prepared")
+    r = pc.prepare(root, out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    sys.path.insert(0, root)
+    yield root, out, r.stdout
+    sys.path.remove(root)
+    prepared.use(None)
+
+
+def _module(root: str | None):
+    """`prep_tasks` registered over `root` (a prepared directory) or the raw files (None)."""
+    prepared.use(root)
+    try:
+        module = importlib.import_module(pc.MODULE)
+        return importlib.reload(module)
+    finally:
+        prepared.use(None)
+
+
+def _examples(name: str, length: int = pc.LENGTH, limit: int = 400) -> list[tuple]:
+    """The first `limit` examples of a task's one unshuffled epoch, as comparable tuples."""
+    task = seqio.TaskRegistry.get(name)
+    kind = registry.provider_kind(task)
+    ds = task.get_dataset(sequence_length=converters.task_feature_lengths(kind, length),
+                          shuffle=False, seed=0, num_epochs=1).take(limit)
+    return [tuple((k, np.asarray(v).tolist() if not isinstance(v, bytes) else v)
+                  for k, v in sorted(ex.items())) for ex in ds.as_numpy_iterator()]
+
+
+def test_prepared_tasks_give_the_raw_tasks_examples_and_counts(corpus):
+    root, out, stdout = corpus
+    assert "work units of 4 tasks" not in stdout  # the mixture's tasks count one by one
+    assert "work units of 6 tasks on Beam" in stdout
+    manifest = pf.read_json(os.path.join(out, "pd_mono_de", pf.MANIFEST))
+    assert len(manifest["corpora"]["de"]["shards"]) > 4  # the plain file was cut into units
+    raw_module = _module(None)
+    raw = {t: _examples(t) for t in TASKS}
+    raw_short = {t: _examples(t, 32) for t in ("pd_mono_de", "pd_pairs_en_fr")}
+    raw_regs = raw_module.REGISTRATIONS
+    prep_module = _module(out)
+    for name in TASKS:
+        assert registry.prepared_root(seqio.TaskRegistry.get(name)) == out
+        got = _examples(name)
+        assert got and got == raw[name], name  # same tokens, same kinds, same order
+    # one preparation serves every sequence length: it holds documents and pairs, not rows
+    for name, want in raw_short.items():
+        assert _examples(name, 32) == want
+    for prefix, reg in prep_module.REGISTRATIONS.items():
+        assert reg.stats == raw_regs[prefix].stats, prefix  # counted by prepare, not here
+        assert reg.rates == raw_regs[prefix].rates, prefix
+
+
+def _documents(records: list[np.ndarray]) -> collections.Counter:
+    return collections.Counter(tuple(r.tolist()) for r in records)
+
+
+def test_a_global_shuffle_reads_every_record_once_per_epoch_and_shards_split_it(corpus):
+    _, out, _ = corpus
+    task = prepared.load_task(out, "pd_mono_de", "documents",
+                              pf.read_json(os.path.join(out, "pd_mono_de", pf.MANIFEST))
+                              ["vocabulary"], {"de": None})
+    records = task.records("de")
+    n = records.num_records
+    every = _documents(records.read(np.arange(n)))
+    order = prepared.record_numbers(0, n, 0, 1, n, True, 7, 3)
+    assert sorted(order.tolist()) == list(range(n)) and order.tolist() != list(range(n))
+    assert _documents(records.read(order)) == every
+    again = prepared.record_numbers(0, 2 * n, 0, 1, n, True, 7, 3)
+    assert again[:n].tolist() == order.tolist()
+    assert sorted(again[n:].tolist()) == list(range(n)) and again[n:].tolist() != order.tolist()
+    assert prepared.record_numbers(0, n, 0, 1, n, True, 8, 3).tolist() != order.tolist()
+    # process p of 3 takes global positions p, p + 3, ...: disjoint, together the one order
+    blocks = [prepared.record_numbers(0, n // 3, p, 3, n, True, 7, 3) for p in range(3)]
+    union = np.stack(blocks, axis=1).reshape(-1)
+    assert union.tolist() == order[:3 * (n // 3)].tolist()
+    # through the seqio source: one unshuffled epoch is every document in file order
+    source = prepared.source(task, "de", [5])
+    docs = list(source.get_dataset(shuffle=False).as_numpy_iterator())
+    assert [d["tokens"].tolist() for d in docs] == [r.tolist() for r in records.read(
+        np.arange(n))]
+    assert {int(d["lang"]) for d in docs} == {5}
+    shuffled = source.get_dataset(shuffle=True, seed=7).take(n).as_numpy_iterator()
+    assert _documents([d["tokens"] for d in shuffled]) == every
+
+
+def test_prepare_again_skips_what_is_prepared_and_refuses_another_preparation(corpus, tmp_path):
+    root, out, _ = corpus
+    before = pc.tree(out)
+    r = pc.prepare(root, out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "on Beam" not in r.stdout and r.stdout.count("already prepared") == 6
+    assert pc.tree(out) == before
+    # another split of the same corpus is another preparation: refused, nothing touched
+    r = pc.prepare(root, out, split_bytes=4096, pattern="pd_mono")
+    assert r.returncode == 2
+    err = r.stderr.strip().splitlines()[-1]
+    assert err.startswith(f"prepare: {out}/pd_mono_de holds another preparation of pd_mono_de")
+    assert "de units" in err and "nothing was overwritten" in err
+    assert pc.tree(out) == before
+
+
+def test_prepared_data_that_does_not_match_is_one_line_before_any_read(
+        corpus, tmp_path, train_xlmr_spm):
+    root, out, _ = corpus
+    vocab_fp = pf.read_json(os.path.join(out, "pd_pairs_en_de", pf.MANIFEST))["vocabulary"]
+    other_spm = train_xlmr_spm(os.path.join(root, "mono", "de.txt"), tmp_path / "other", 300)
+
+    def refused(fn, *words):
+        with pytest.raises(pf.PreparedError) as e:
+            fn()
+        assert "\n" not in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
+
+    # another SentencePiece model
+    refused(lambda: registry.register_monolingual(
+        "pd_mono", os.path.join(root, "mono"), ["de"], get_vocabulary(other_spm),
+        prepared_dir=out), f"{out}/pd_mono_de", "vocabulary")
+    # the corpus file changed since it was prepared
+    changed = tmp_path / "changed"
+    shutil.copytree(os.path.join(root, "mono"), changed)
+    with open(changed / "de.txt", "a", encoding="utf-8") as f:
+        f.write("\nEin neues Dokument.\n")
+    refused(lambda: registry.register_monolingual(
+        "pd_mono", str(changed), ["de"], pc.SPM, prepared_dir=out), "de was prepared from")
+    # damaged copies of one prepared pair task
+    def damaged(name, damage):
+        copy = tmp_path / name
+        shutil.copytree(os.path.join(out, "pd_pairs_en_de"), copy / "pd_pairs_en_de")
+        damage(copy / "pd_pairs_en_de" / "en-de" / "shard-00000-of-00001")
+        return lambda: prepared.load_task(str(copy), "pd_pairs_en_de", "pairs", vocab_fp,
+                                          {"en-de": None})
+
+    refused(damaged("missing", lambda p: os.remove(f"{p}.bin")), "shard-00000-of-00001.bin",
+            "is missing")
+    refused(damaged("truncated", lambda p: os.truncate(f"{p}.bin", 100)),
+            "shard-00000-of-00001.bin: 100 bytes, but the manifest says")
+
+    def shift_index(p):
+        idx = np.fromfile(f"{p}.idx", "<i8")
+        idx[-1] -= 4
+        idx.tofile(f"{p}.idx")
+
+    refused(damaged("index", shift_index), "shard-00000-of-00001.idx does not match its shard")
+    refused(damaged("unfinished", lambda p: os.remove(p.parent.parent / pf.MANIFEST)),
+            "did not finish", "every work unit written, the manifest not")
+    refused(lambda: prepared.load_task(str(tmp_path), "pd_pairs_en_de", "pairs", vocab_fp,
+                                       {"en-de": None}), "is not prepared there")
+    # more processes than records
+    task = prepared.load_task(out, "pd_mono_fr", "documents", vocab_fp, {"fr": None})
+    n = task.records("fr").num_records
+    refused(lambda: prepared.source(task, "fr", [1]).get_dataset(
+        shard_info=seqio.ShardInfo(0, n + 1)), f"{n} records cannot be shared by {n + 1}")
+
+
+def test_a_worker_that_fails_names_its_shard_and_the_rerun_finishes(tmp_path):
+    root = pc.write(str(tmp_path / "corpus"))
+    bad = os.path.join(root, "parallel", "en-de.de.xz")
+    os.rename(bad, bad + ".good")
+    shutil.copy(os.path.join(root, "parallel", "en-de.en.xz"), bad)  # wrong side, same lines
+    with open(bad, "ab") as f:  # one line more than en: misaligned
+        import lzma
+        f.write(lzma.compress(b"one line too many\n"))
+    out = str(tmp_path / "prepared")
+    r = pc.prepare(root, out, pattern="pd_pairs")
+    assert r.returncode == 2
+    err = r.stderr.strip().splitlines()[-1]
+    assert err.startswith(f"prepare: {out}/pd_pairs_en_de/en-de/shard-00000-of-00001: "
+                          "ValueError: parallel files have different line counts"), err
+    assert "1 work unit(s) failed" in err
+    assert os.path.exists(os.path.join(out, "pd_pairs_en_fr", pf.MANIFEST))  # the other task
+    assert not os.path.exists(os.path.join(out, "pd_pairs_en_de", pf.MANIFEST))
+    os.replace(bad + ".good", bad)
+    # fixed, the same command finishes: the unfinished task (planned with the bad file's
+    # size) starts over, the finished one is kept
+    kept = pc.tree(os.path.join(out, "pd_pairs_en_fr"))
+    r = pc.prepare(root, out, pattern="pd_pairs")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "pd_pairs_en_de: an unfinished preparation of another plan" in r.stdout
+    assert pc.tree(os.path.join(out, "pd_pairs_en_fr")) == kept
+    stats = pf.read_json(os.path.join(out, "pd_pairs_en_de", pf.MANIFEST))["corpora"]["en-de"]
+    assert stats["stats"]["examples"] == 1542  # every pair of the demo's en-de
+
+
+def test_prepare_is_refused_for_tasks_it_cannot_read(corpus):
+    root, out, _ = corpus
+    _module(out)  # prepared tasks hold no corpus files to read
+    with pytest.raises(ValueError, match="has no corpus files to prepare"):
+        prepare_lib.plan_task(seqio.TaskRegistry.get("pd_mono_de"), out, 1 << 20)
+    with pytest.raises(ValueError, match="names no registered task"):
+        prepare_lib.resolve_tasks(["no_such_task*"])

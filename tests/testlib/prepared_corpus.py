@@ -1,0 +1,92 @@
+"""A small corpus of the demo's text, a task module registering it, and its preparation with
+`python -m xlm_jax.data.prepare` on Beam's DirectRunner (2 workers), for the prepared-data
+tests.
+
+The corpus mixes the layouts `prepare` splits differently: German monolingual text as plain
+text (cut into byte ranges at document boundaries), French as the shipped `.xz` (one unit),
+en-de as the shipped line-aligned `.xz` pair (one unit) and en-fr as a plain TSV (cut into
+byte ranges at lines). `prep_tasks.py` registers four tasks of every kind over them."""
+from __future__ import annotations
+
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+
+from tests.testlib.cli_run import ROOT, env
+
+DEMO = os.path.join(ROOT, "tasks", "demo_data")
+SPM = os.path.join(DEMO, "spm.model")
+MODULE = "prep_tasks"
+PATTERN = "pd_*"
+LENGTH = 64
+
+TASK_MODULE = '''\
+import os
+
+from xlm_jax.data import registry
+from xlm_jax.data.vocab import get_vocabulary
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VOCAB = get_vocabulary({spm!r})
+MONO, PARALLEL = os.path.join(HERE, "mono"), os.path.join(HERE, "parallel")
+REGISTRATIONS = {{
+    "pd_mono": registry.register_monolingual("pd_mono", MONO, ["de", "fr"], VOCAB,
+                                             sequence_length={length}, shuffle_buffer_size=16),
+    "pd_veco": registry.register_monolingual("pd_veco", MONO, ["de"], VOCAB, kind="split_pair",
+                                             sequence_length={length}, shuffle_buffer_size=16),
+    "pd_pairs": registry.register_parallel("pd_pairs", PARALLEL, ["en-de", "en-fr"], VOCAB,
+                                           sequence_length={length}, shuffle_buffer_size=16),
+    "pd_mixup": registry.register_parallel("pd_mixup", PARALLEL, ["en-de", "en-fr"], VOCAB,
+                                           kind="mixup_pair", sequence_length={length},
+                                           shuffle_buffer_size=16),
+}}
+'''
+
+
+def _text(path: str) -> str:
+    with lzma.open(path, "rt", encoding="utf-8") as f:
+        return f.read()
+
+
+def write(root: str) -> str:
+    """The corpus and `root/prep_tasks.py`; returns `root`."""
+    mono, parallel = os.path.join(root, "mono"), os.path.join(root, "parallel")
+    os.makedirs(mono)
+    os.makedirs(parallel)
+    with open(os.path.join(mono, "de.txt"), "w", encoding="utf-8") as f:
+        f.write(_text(os.path.join(DEMO, "mono", "de.txt.xz")))
+    shutil.copy(os.path.join(DEMO, "mono", "fr.txt.xz"), mono)
+    for lang in ("en", "de"):
+        shutil.copy(os.path.join(DEMO, "parallel", f"en-de.{lang}.xz"), parallel)
+    en, fr = (_text(os.path.join(DEMO, "parallel", f"en-fr.{x}.xz")).splitlines()
+              for x in ("en", "fr"))
+    with open(os.path.join(parallel, "en-fr.tsv"), "w", encoding="utf-8") as f:
+        f.write("".join(f"{a}\t{b}\n" for a, b in zip(en, fr)))
+    with open(os.path.join(root, f"{MODULE}.py"), "w", encoding="utf-8") as f:
+        f.write(TASK_MODULE.format(spm=SPM, length=LENGTH))
+    return root
+
+
+def prepare(root: str, output_dir: str, *extra: str, split_bytes: int = 8192,
+            pattern: str = PATTERN, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`python -m xlm_jax.data.prepare` over the tasks of `root/prep_tasks.py`, in `root`,
+    on the DirectRunner with 2 worker processes."""
+    return subprocess.run(
+        [sys.executable, "-m", "xlm_jax.data.prepare", "--module", MODULE, "--tasks", pattern,
+         "--output_dir", output_dir, "--split_bytes", str(split_bytes),
+         "--direct_num_workers=2", *extra],
+        cwd=root, env=env(PYTHONPATH=os.pathsep.join([root, ROOT])), capture_output=True,
+        text=True, timeout=timeout)
+
+
+def tree(directory: str) -> dict[str, bytes]:
+    """Every file under `directory` by relative path, with its bytes."""
+    out = {}
+    for dirpath, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, directory)] = f.read()
+    return out

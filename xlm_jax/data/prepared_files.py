@@ -1,0 +1,340 @@
+"""The files of a prepared task: tokenised records in sharded, random-access files.
+
+`python -m xlm_jax.data.prepare` writes, per task, under `ROOT/TASK/`:
+
+  plan.json                        what is being prepared (written first; a rerun that finds
+                                   another plan refuses instead of mixing two preparations)
+  MEMBER/shard-KKKKK-of-UUUUU.bin  the records of work unit K: int32 little-endian token ids,
+                                   record after record
+  MEMBER/shard-KKKKK-of-UUUUU.idx  int64 little-endian byte offsets of the records in .bin
+                                   (records + 1 entries, the first 0, the last the .bin size)
+  MEMBER/shard-KKKKK-of-UUUUU.json the unit's counts (records, tokens, bytes, sha1, lines,
+                                   skipped lines), written after the two files it describes
+  manifest.json                    the plan plus every shard and the corpus statistics;
+                                   written last: a task without it is not prepared
+
+MEMBER is a corpus of the task: its language (`af`) or pair (`en-de`); a task that mixes
+corpora (XLCo mixup) has one per pair. A record is a tokenised document (the ids of its lines,
+concatenated, as `preprocessors.tokenize` makes them) or a tokenised pair (`[len(src), src...,
+tgt...]`). Records hold what no later choice changes: the sequence length, truncation, kind
+and language ids are applied when the records are read (the registry's preprocessors), so one
+preparation serves every sequence length and example kind (a fairseq-style indexed dataset;
+our choice over ArrayRecord, docs/scaling.md says why).
+
+`CorpusRecords` reads records by number (two positioned reads each, the index entry and the
+record), checking the shards against the manifest first, and counts the bytes it read.
+TensorFlow-free; `gs://` and other remote paths go through `etils.epath`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FORMAT", "MANIFEST", "PLAN", "RECORD_TYPES", "Corpus", "Plan", "ShardCounts",
+           "CorpusRecords", "PreparedError", "shard_name", "write_shard", "read_json",
+           "write_json", "exists", "join", "total_bytes_read"]
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+PLAN = "plan.json"
+RECORD_TYPES = ("documents", "pairs")
+
+
+class PreparedError(ValueError):
+    """A prepared directory that cannot be used as it is; the message is one line naming the
+    directory or file, and what differs."""
+
+
+# ----------------------------------------------------------------------------- file system
+
+def _local(path: str) -> bool:
+    return "://" not in path
+
+
+def _epath(path: str):
+    from etils import epath  # pylint: disable=g-import-not-at-top
+
+    return epath.Path(path)
+
+
+def join(first: str, *rest: str) -> str:
+    """`first/rest...` for local and remote paths alike."""
+    return "/".join([first.rstrip("/"), *rest])
+
+
+def exists(path: str) -> bool:
+    return os.path.exists(path) if _local(path) else _epath(path).exists()
+
+
+def size(path: str) -> int:
+    return os.path.getsize(path) if _local(path) else _epath(path).stat().length
+
+
+def makedirs(path: str) -> None:
+    if _local(path):
+        os.makedirs(path, exist_ok=True)
+    else:
+        _epath(path).mkdir(parents=True, exist_ok=True)
+
+
+def rmtree(path: str) -> None:
+    """Deletes the directory `path` and everything under it."""
+    if _local(path):
+        import shutil  # pylint: disable=g-import-not-at-top
+
+        shutil.rmtree(path)
+    else:
+        _epath(path).rmtree()
+
+
+def remove(path: str) -> None:
+    """Deletes `path` if it is there."""
+    if _local(path):
+        if os.path.exists(path):
+            os.remove(path)
+    elif _epath(path).exists():
+        _epath(path).unlink()
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    """Writes `path` whole or not at all: a temporary name, then a rename (a killed writer
+    leaves only a `.tmp-*` file, which nothing reads)."""
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    if _local(path):
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    else:
+        _epath(tmp).write_bytes(data)
+        _epath(tmp).rename(path)
+
+
+def read_json(path: str) -> dict[str, Any]:
+    text = open(path, encoding="utf-8").read() if _local(path) else _epath(path).read_text()
+    return json.loads(text)
+
+
+def write_json(path: str, value: Mapping[str, Any]) -> None:
+    _write_atomic(path, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode())
+
+
+# ----------------------------------------------------------------------------- what is prepared
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """One corpus of a registered task, as `prepare` reads it.
+
+    member: the corpus's name in the task (`af`, `en-de`), its directory under the task's.
+    records: "documents" (a CC-100 file) or "pairs" (OPUS/Moses files or a TSV).
+    paths: the corpus files: one, or (src, tgt) for line-aligned pairs.
+    swapped: the files hold (tgt, src) (`sources.ParallelFiles.swapped`).
+    """
+
+    member: str
+    records: str
+    paths: tuple[str, ...]
+    swapped: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one task's preparation is made of: its identity in `plan.json` and
+    `manifest.json`. Two preparations with equal plans write identical files."""
+
+    task: str
+    records: str
+    vocabulary: str  # `stats_cache.vocab_fingerprint` of the task's vocabulary
+    corpora: Mapping[str, Mapping[str, Any]]  # member -> {"sources": [{file, bytes}], "swapped", "units"}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "task": self.task, "records": self.records,
+                "vocabulary": self.vocabulary,
+                "corpora": {m: dict(c) for m, c in sorted(self.corpora.items())}}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Plan":
+        return cls(task=d["task"], records=d["records"], vocabulary=d["vocabulary"],
+                   corpora={m: {k: c[k] for k in ("sources", "swapped", "units")}
+                            for m, c in d["corpora"].items()})
+
+    def differences(self, other: "Plan") -> list[str]:
+        """What differs between two plans, in words (empty when they are the same)."""
+        out = []
+        for key in ("task", "records", "vocabulary"):
+            if getattr(self, key) != getattr(other, key):
+                out.append(f"{key} {getattr(other, key)!r} vs {getattr(self, key)!r}")
+        if set(self.corpora) != set(other.corpora):
+            out.append(f"corpora {sorted(other.corpora)} vs {sorted(self.corpora)}")
+        for member in sorted(set(self.corpora) & set(other.corpora)):
+            a, b = self.corpora[member], other.corpora[member]
+            for key in ("sources", "swapped", "units"):
+                if a[key] != b[key]:
+                    out.append(f"{member} {key} {b[key]} vs {a[key]}")
+        return out
+
+
+def source_entries(paths: Sequence[str]) -> list[dict[str, Any]]:
+    """How a plan names its corpus files: base name and size (not the directory, so a corpus
+    moved elsewhere keeps its preparation; not the mtime, which a copy changes)."""
+    return [{"file": os.path.basename(p), "bytes": size(p)} for p in paths]
+
+
+def shard_name(index: int, count: int) -> str:
+    return f"shard-{index:05d}-of-{count:05d}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardCounts:
+    """What one work unit wrote (its `.json` file), summed into the manifest's statistics."""
+
+    records: int
+    tokens: int
+    bytes: int
+    sha1: str
+    lines: int
+    invalid_utf8: int
+    malformed: int
+    empty_pairs: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ShardCounts":
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+
+
+def write_shard(prefix: str, records: Iterable[np.ndarray]) -> tuple[int, int, str]:
+    """Writes `prefix.bin` and `prefix.idx` (each atomically); returns (records, bytes of
+    .bin, sha1 of .bin)."""
+    import hashlib  # pylint: disable=g-import-not-at-top
+
+    parts, offsets, total = [], [0], 0
+    for rec in records:
+        data = np.asarray(rec, dtype="<i4").tobytes()
+        parts.append(data)
+        total += len(data)
+        offsets.append(total)
+    blob = b"".join(parts)
+    _write_atomic(prefix + ".bin", blob)
+    _write_atomic(prefix + ".idx", np.asarray(offsets, dtype="<i8").tobytes())
+    return len(offsets) - 1, total, hashlib.sha1(blob).hexdigest()
+
+
+# ----------------------------------------------------------------------------- reading
+
+_TOTAL_LOCK = threading.Lock()
+_TOTAL_READ = [0]
+
+
+def total_bytes_read() -> int:
+    """Bytes every `CorpusRecords` of this process has read (the benchmark reports it)."""
+    return _TOTAL_READ[0]
+
+
+class _Reader:
+    """Positioned reads of one file: `os.pread` locally (thread-safe, no shared offset),
+    a file object per read elsewhere."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDONLY) if _local(path) else None
+
+    def read(self, offset: int, length: int) -> bytes:
+        if self._fd is not None:
+            data = os.pread(self._fd, length, offset)
+        else:
+            with _epath(self.path).open("rb") as f:
+                f.seek(offset)
+                data = f.read(length)
+        if len(data) != length:
+            raise PreparedError(f"{self.path}: read {len(data)} of {length} bytes at offset "
+                                f"{offset}: the file is shorter than its index says")
+        return data
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class CorpusRecords:
+    """The records of one prepared corpus (`TASK/MEMBER/`), read by number.
+
+    `entry` is the corpus's entry of the manifest. Every shard is checked when this is built
+    (before anything is trained): present, the size the manifest records, an index whose
+    length and last offset match; a mismatch is a one-line `PreparedError` naming the file.
+    Open files are kept per thread, at most `open_files` of them (CC-100 English is
+    thousands of shards).
+    """
+
+    def __init__(self, directory: str, entry: Mapping[str, Any], open_files: int = 32) -> None:
+        self.directory = directory
+        self._shards = [s["name"] for s in entry["shards"]]
+        counts = np.asarray([s["records"] for s in entry["shards"]], np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self.num_records = int(self._starts[-1])
+        self._open_files = open_files
+        self._local = threading.local()
+        self.bytes_read = 0
+        for shard in entry["shards"]:
+            self._check(shard)
+
+    def _check(self, shard: Mapping[str, Any]) -> None:
+        prefix = join(self.directory, shard["name"])
+        for suffix, want in ((".bin", shard["bytes"]), (".idx", 8 * (shard["records"] + 1))):
+            path = prefix + suffix
+            if not exists(path):
+                raise PreparedError(f"{path} is missing (the manifest lists it): the prepared "
+                                    "data is incomplete; prepare it again into a new directory")
+            got = size(path)
+            if got != want:
+                what = "index" if suffix == ".idx" else "shard"
+                raise PreparedError(f"{path}: {got} bytes, but the manifest says {want} (a "
+                                    f"truncated or replaced {what}); prepare it again into a "
+                                    "new directory")
+        index = _Reader(prefix + ".idx")
+        try:
+            last = int(np.frombuffer(index.read(8 * shard["records"], 8), "<i8")[0])
+        finally:
+            index.close()
+        if last != shard["bytes"]:
+            raise PreparedError(f"{prefix}.idx does not match its shard: it ends at byte {last}, "
+                                f"{prefix}.bin has {shard['bytes']}")
+
+    def _file(self, shard: int, suffix: str) -> _Reader:
+        cache = getattr(self._local, "files", None)
+        if cache is None:
+            cache = self._local.files = OrderedDict()
+        key = (shard, suffix)
+        reader = cache.get(key)
+        if reader is None:
+            reader = cache[key] = _Reader(join(self.directory, self._shards[shard]) + suffix)
+            if len(cache) > self._open_files:
+                cache.popitem(last=False)[1].close()
+        else:
+            cache.move_to_end(key)
+        return reader
+
+    def read(self, numbers: np.ndarray) -> list[np.ndarray]:
+        """The records `numbers` (ints in [0, num_records)), as int32 arrays, in order."""
+        numbers = np.asarray(numbers, np.int64)
+        shards = np.searchsorted(self._starts, numbers, side="right") - 1
+        out, nbytes = [], 0
+        for shard, k in zip(shards.tolist(), (numbers - self._starts[shards]).tolist()):
+            start, end = np.frombuffer(self._file(shard, ".idx").read(8 * k, 16), "<i8")
+            out.append(np.frombuffer(self._file(shard, ".bin").read(int(start), int(end - start)),
+                                     "<i4"))
+            nbytes += 16 + int(end - start)
+        with _TOTAL_LOCK:
+            self.bytes_read += nbytes
+            _TOTAL_READ[0] += nbytes
+        return out
