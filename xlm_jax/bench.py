@@ -12,7 +12,10 @@
     own process on the same shapes, plus transformers' step at those shapes; a markdown table
     on stdout (and files).
   python -m xlm_jax.bench --pipeline TASK [--batch_size 32 --sequence_length 128 --batches 50]
-    The seqio pipeline's examples/s and tokens/s (needs the data extra, i.e. TensorFlow).
+      [--prepared DIR] [--num_processes P --process_index p] [--epoch] [--resume_at S1,S2]
+    The seqio pipeline's examples/s, tokens/s and bytes read by this process, or a resume's
+    cost (needs the data extra, i.e. TensorFlow; `python -m xlm_jax.data.pipeline_bench
+    --help` lists the flags).
 """
 from __future__ import annotations
 
@@ -439,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from xlm_jax.data.pipeline_bench import main as pipeline_main
 
         sized = ["--batch_size", str(args.batch_size)] if args.batch_size else []
+        sized += ["--json", args.json] if args.json else []
         pipeline_main(["--pipeline", args.pipeline] + sized + rest)  # prints its figures
         return 0
     from xlm_jax.train.gin_utils import rewrite_gin_args

@@ -1,6 +1,7 @@
 """docs/adding_a_corpus.md's walk-through, executed as written from a directory outside the
-repository: train_spm -> my_tasks.py -> inspect -> train -> retrieval, on tiny data (400 lines
-per file, 150 pieces, 2 steps: the only changes to the doc's commands, each checked to apply)."""
+repository: train_spm -> my_tasks.py -> inspect -> train -> retrieval -> prepare (Beam) ->
+train on the prepared data, on tiny data (400 lines per file, 150 pieces, 2 steps: the only
+changes to the doc's commands, each checked to apply)."""
 import json
 import os
 import re
@@ -14,8 +15,8 @@ pytest.importorskip("seqio")
 DOC = os.path.join(user_corpus.ROOT, "docs", "adding_a_corpus.md")
 # (command, doc text, what the test runs instead): tiny sizes only.
 TINY = [("xlm_jax.data.train_spm", "--vocab_size 8000", "--vocab_size 150 --sentences 2000"),
-        ("xlm_jax.train", "--model_dir=run", "--model_dir=run --gin.TRAIN_STEPS=2 "
-                                             "--gin.BATCH_SIZE=4")]
+        ("xlm_jax.train", "--gin_file=demo/mmlm_tlm.gin",
+         "--gin_file=demo/mmlm_tlm.gin --gin.TRAIN_STEPS=2 --gin.BATCH_SIZE=4")]
 
 
 def _walkthrough():
@@ -47,7 +48,7 @@ def test_the_walkthrough_runs_from_outside_the_repository(tmp_path):
         f.write(module)
     assert [shlex.split(c)[2] for c in commands] == [
         "xlm_jax.data.train_spm", "xlm_jax.data.inspect", "xlm_jax.train",
-        "xlm_jax.evaluation.retrieval"]
+        "xlm_jax.evaluation.retrieval", "xlm_jax.data.prepare", "xlm_jax.train"]
     outputs = {}
     for command in commands:
         for name, doc_text, tiny in TINY:
@@ -58,9 +59,15 @@ def test_the_walkthrough_runs_from_outside_the_repository(tmp_path):
         assert args[0] == "python"
         r = user_corpus.python(args[1:], cwd=root)
         assert r.returncode == 0, (command, r.stderr[-3000:])
-        outputs[args[2]] = r.stdout
-    assert "my_mono_de" in outputs["xlm_jax.data.inspect"]
-    assert "done: 2 steps" in outputs["xlm_jax.train"]
+        outputs.setdefault(args[2], []).append(r.stdout)
+    assert "my_mono_de" in outputs["xlm_jax.data.inspect"][0]
+    assert all("done: 2 steps" in out for out in outputs["xlm_jax.train"])
+    prepared = outputs["xlm_jax.data.prepare"][0]
+    for task, n in (("my_mono_en", 1), ("my_mono_de", 1), ("my_opus_en_de", 400)):
+        assert os.path.join("prepared", task) in prepared  # each task prepared ...
+        manifest = json.load(open(os.path.join(root, "prepared", task, "manifest.json")))
+        member = "en-de" if "opus" in task else task[-2:]
+        assert manifest["corpora"][member]["stats"]["examples"] == n  # ... with its counts
     run = os.path.join(root, "run")
     with open(os.path.join(run, "spm.model"), "rb") as a, \
             open(os.path.join(root, "my_spm.model"), "rb") as b:

@@ -81,6 +81,25 @@ def prepare(root: str, output_dir: str, *extra: str, split_bytes: int = 8192,
         text=True, timeout=timeout)
 
 
+def prepare_here(root: str, output_dir: str, pattern: str = PATTERN,
+                 split_bytes: int = 8192) -> None:
+    """The same preparation in this process, its units run one after the other instead of on
+    Beam (`prepare.prepare`'s `run_units`): for tests whose subject is reading prepared data."""
+    import importlib  # pylint: disable=g-import-not-at-top
+    import io  # pylint: disable=g-import-not-at-top
+
+    from xlm_jax.data import prepare as prepare_lib  # pylint: disable=g-import-not-at-top
+    from xlm_jax.data import registry  # pylint: disable=g-import-not-at-top
+    from xlm_jax.data.prepare_worker import run_unit  # pylint: disable=g-import-not-at-top
+
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    with registry.preparing():
+        importlib.reload(importlib.import_module(MODULE))
+    prepare_lib.prepare([pattern], output_dir, split_bytes, out=io.StringIO(),
+                        run_units=lambda items, _: [run_unit(i) for i in items])
+
+
 def tree(directory: str) -> dict[str, bytes]:
     """Every file under `directory` by relative path, with its bytes."""
     out = {}

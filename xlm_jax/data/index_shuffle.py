@@ -60,9 +60,9 @@ class IndexShuffle:
         if x.size and (x.min() < 0 or x.max() >= self.n):
             raise ValueError(f"IndexShuffle: indices must be in [0, {self.n})")
         with np.errstate(over="ignore"):
-            y = self._round_trip(x.astype(np.uint64))
+            y = self._round_trip(np.atleast_1d(x).astype(np.uint64))
             walking = y >= self.n
             while walking.any():
                 y[walking] = self._round_trip(y[walking])
                 walking = y >= self.n
-        return y.astype(np.int64)
+        return y.astype(np.int64).reshape(x.shape)

@@ -12,8 +12,8 @@ what is there). A training run reads it with one binding, `loop.train.prepared_d
 How the work is split: every corpus file is cut into work units
 (`xlm_jax.data.corpus_units`): a plain-text file into byte ranges of `--split_bytes` at
 document (or line) boundaries, a compressed file or a pair of line-aligned files into one unit
-(a compressed stream cannot be entered in the middle; docs/scaling.md says how to recompress
-CC-100 for parallel reading). Each unit is one Beam element, tokenised by whichever worker
+(a compressed stream cannot be entered in the middle: decompress a large one first,
+docs/scaling.md). Each unit is one Beam element, tokenised by whichever worker
 takes it, and written as one shard; a shard is written under a temporary name and renamed, and
 its counts file comes last, so a unit with a counts file is done. After the pipeline, this
 process writes each task's `manifest.json` from the counts files. Rerun after a kill, the
@@ -33,9 +33,8 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
-
 
 from xlm_jax import cli_help
 from xlm_jax.data import corpus_units as cu
@@ -207,16 +206,21 @@ def _last_line(e: BaseException) -> str:
 
 
 def prepare(patterns: Sequence[str], output_dir: str, split_bytes: int = DEFAULT_SPLIT_BYTES,
-            beam_args: Sequence[str] = (), out=sys.stdout) -> list[str]:
+            beam_args: Sequence[str] = (), out=sys.stdout,
+            run_units: Callable[[Sequence[WorkItem], Sequence[str]], None] = run_pipeline
+            ) -> list[str]:
     """Prepares the tasks of `patterns` (registered already) into `output_dir`; returns the
-    names of the tasks it prepared or completed (the ones already prepared are skipped)."""
+    names of the tasks it prepared or completed (the ones already prepared are skipped).
+    `run_units(items, beam_args)` runs `run_unit` over the items: Beam (`run_pipeline`), or
+    a plain loop where Beam is not wanted (tests whose subject is the reading)."""
     plans = [plan_task(t, output_dir, split_bytes) for t in resolve_tasks(patterns)]
     todo = [tp for tp in plans if not check_existing(tp, out)]
     for tp in plans:
         if tp not in todo:
             print(f"{tp.directory}: already prepared", file=out, flush=True)
-    for tp in todo:
+    for tp in todo:  # a killed run's temporary files go; its finished units stay
         pf.makedirs(tp.directory)
+        pf.remove_temporaries(tp.directory)
         pf.write_json(pf.join(tp.directory, pf.PLAN), tp.plan.to_json())
     items = [item for tp in todo for item in tp.items()
              if not pf.exists(item.prefix + ".json")]
@@ -224,7 +228,7 @@ def prepare(patterns: Sequence[str], output_dir: str, split_bytes: int = DEFAULT
         print(f"prepare: {len(items)} work units of {len(todo)} tasks on Beam", file=out,
               flush=True)
         try:
-            run_pipeline(items, beam_args)
+            run_units(items, beam_args)
         except Exception as e:  # pylint: disable=broad-except
             done = sum(pf.exists(item.prefix + ".json") for item in items)
             raise WorkerFailed(f"a Beam worker failed: {_last_line(e)}; {done} of {len(items)} "

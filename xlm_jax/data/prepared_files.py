@@ -34,7 +34,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -93,6 +93,18 @@ def rmtree(path: str) -> None:
         shutil.rmtree(path)
     else:
         _epath(path).rmtree()
+
+
+def remove_temporaries(directory: str) -> int:
+    """Deletes the `.tmp-*` files a killed writer left under `directory`; returns how many."""
+    if _local(directory):
+        found = [os.path.join(d, n) for d, _, names in os.walk(directory) for n in names
+                 if ".tmp-" in n]
+    else:
+        found = [str(p) for p in _epath(directory).rglob("*.tmp-*")]
+    for path in found:
+        remove(path)
+    return len(found)
 
 
 def remove(path: str) -> None:
@@ -240,30 +252,47 @@ def total_bytes_read() -> int:
     return _TOTAL_READ[0]
 
 
-class _Reader:
-    """Positioned reads of one file: `os.pread` locally (thread-safe, no shared offset),
-    a file object per read elsewhere."""
+def _read_at(path: str, offset: int, length: int, fd: Optional[int] = None) -> bytes:
+    """`length` bytes of `path` at `offset`: `os.pread` on `fd` (thread-safe: no shared file
+    offset), or a file object of `etils.epath` for a remote path."""
+    if fd is not None:
+        data = os.pread(fd, length, offset)
+    else:
+        with _epath(path).open("rb") as f:
+            f.seek(offset)
+            data = f.read(length)
+    if len(data) != length:
+        raise PreparedError(f"{path}: read {len(data)} of {length} bytes at offset {offset}: "
+                            "the file is shorter than its index says")
+    return data
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._fd = os.open(path, os.O_RDONLY) if _local(path) else None
 
-    def read(self, offset: int, length: int) -> bytes:
-        if self._fd is not None:
-            data = os.pread(self._fd, length, offset)
-        else:
-            with _epath(self.path).open("rb") as f:
-                f.seek(offset)
-                data = f.read(length)
-        if len(data) != length:
-            raise PreparedError(f"{self.path}: read {len(data)} of {length} bytes at offset "
-                                f"{offset}: the file is shorter than its index says")
-        return data
+class _FilePool:
+    """Open descriptors of local files, shared by all threads, at most `limit` of them kept
+    when idle (a descriptor in use is never closed under a reader)."""
 
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+    def __init__(self, limit: int) -> None:
+        self._limit, self._lock = limit, threading.Lock()
+        self._open: OrderedDict[str, list[int]] = OrderedDict()  # path -> [fd, users]
+
+    def read(self, path: str, offset: int, length: int) -> bytes:
+        if not _local(path):
+            return _read_at(path, offset, length)
+        with self._lock:
+            entry = self._open.get(path)
+            if entry is None:
+                entry = self._open[path] = [os.open(path, os.O_RDONLY), 0]
+            entry[1] += 1
+            self._open.move_to_end(path)
+        try:
+            return _read_at(path, offset, length, entry[0])
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if len(self._open) > self._limit:  # close the least recently used idle ones
+                    idle = [p for p, (_, users) in self._open.items() if not users]
+                    for p in idle[:len(self._open) - self._limit]:
+                        os.close(self._open.pop(p)[0])
 
 
 class CorpusRecords:
@@ -272,8 +301,7 @@ class CorpusRecords:
     `entry` is the corpus's entry of the manifest. Every shard is checked when this is built
     (before anything is trained): present, the size the manifest records, an index whose
     length and last offset match; a mismatch is a one-line `PreparedError` naming the file.
-    Open files are kept per thread, at most `open_files` of them (CC-100 English is
-    thousands of shards).
+    At most `open_files` idle files stay open (CC-100 English is over a thousand shards).
     """
 
     def __init__(self, directory: str, entry: Mapping[str, Any], open_files: int = 32) -> None:
@@ -282,8 +310,7 @@ class CorpusRecords:
         counts = np.asarray([s["records"] for s in entry["shards"]], np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self.num_records = int(self._starts[-1])
-        self._open_files = open_files
-        self._local = threading.local()
+        self._files = _FilePool(open_files)
         self.bytes_read = 0
         for shard in entry["shards"]:
             self._check(shard)
@@ -301,28 +328,11 @@ class CorpusRecords:
                 raise PreparedError(f"{path}: {got} bytes, but the manifest says {want} (a "
                                     f"truncated or replaced {what}); prepare it again into a "
                                     "new directory")
-        index = _Reader(prefix + ".idx")
-        try:
-            last = int(np.frombuffer(index.read(8 * shard["records"], 8), "<i8")[0])
-        finally:
-            index.close()
+        last = int(np.frombuffer(self._files.read(prefix + ".idx", 8 * shard["records"], 8),
+                                 "<i8")[0])
         if last != shard["bytes"]:
             raise PreparedError(f"{prefix}.idx does not match its shard: it ends at byte {last}, "
                                 f"{prefix}.bin has {shard['bytes']}")
-
-    def _file(self, shard: int, suffix: str) -> _Reader:
-        cache = getattr(self._local, "files", None)
-        if cache is None:
-            cache = self._local.files = OrderedDict()
-        key = (shard, suffix)
-        reader = cache.get(key)
-        if reader is None:
-            reader = cache[key] = _Reader(join(self.directory, self._shards[shard]) + suffix)
-            if len(cache) > self._open_files:
-                cache.popitem(last=False)[1].close()
-        else:
-            cache.move_to_end(key)
-        return reader
 
     def read(self, numbers: np.ndarray) -> list[np.ndarray]:
         """The records `numbers` (ints in [0, num_records)), as int32 arrays, in order."""
@@ -330,9 +340,10 @@ class CorpusRecords:
         shards = np.searchsorted(self._starts, numbers, side="right") - 1
         out, nbytes = [], 0
         for shard, k in zip(shards.tolist(), (numbers - self._starts[shards]).tolist()):
-            start, end = np.frombuffer(self._file(shard, ".idx").read(8 * k, 16), "<i8")
-            out.append(np.frombuffer(self._file(shard, ".bin").read(int(start), int(end - start)),
-                                     "<i4"))
+            prefix = join(self.directory, self._shards[shard])
+            start, end = np.frombuffer(self._files.read(prefix + ".idx", 8 * k, 16), "<i8")
+            out.append(np.frombuffer(
+                self._files.read(prefix + ".bin", int(start), int(end - start)), "<i4"))
             nbytes += 16 + int(end - start)
         with _TOTAL_LOCK:
             self.bytes_read += nbytes

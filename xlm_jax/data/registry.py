@@ -29,9 +29,9 @@ import seqio
 import tensorflow as tf
 
 from xlm_jax.data import prepared
+from xlm_jax.data import prepared_files as pf
 from xlm_jax.data import preprocessors as prep
 from xlm_jax.data import sampling, sources
-from xlm_jax.data.prepared_files import Corpus
 from xlm_jax.data.features import (EXAMPLE_KINDS, ExampleKind, default_language_list,
                                    example_kind, language_index, valid_kinds)
 from xlm_jax.data.sources import CorpusStats
@@ -69,7 +69,7 @@ class XlmTask(seqio.Task):
 
     def __init__(self, *args, xlm_jax_kind: str, xlm_jax_definition: Any,
                  xlm_jax_languages: Sequence[str] = (),
-                 xlm_jax_corpora: Sequence[Corpus] = (), **kwargs):
+                 xlm_jax_corpora: Sequence[pf.Corpus] = (), **kwargs):
         self.xlm_jax_kind = xlm_jax_kind
         self.xlm_jax_definition = xlm_jax_definition
         self.xlm_jax_languages = tuple(xlm_jax_languages)
@@ -117,10 +117,18 @@ def preparing():
         _PREPARING[0] = False
 
 
-def _prepared_root(prepared_dir: Optional[str]) -> Optional[str]:
-    """The prepared data a registration reads: its own `prepared_dir`, else the process's
-    (`prepared.use`), never while preparing."""
-    return None if _PREPARING[0] else (prepared_dir or prepared.default_dir())
+def _prepared_root(prepared_dir: Optional[str], task_names: Sequence[str]) -> Optional[str]:
+    """The prepared data a registration reads: its own `prepared_dir` (required), else the
+    process's (`prepared.use`) when it holds any of `task_names` (then all of them), else
+    none; never while preparing. So a task module registering several corpora can run with
+    only some prepared; a run that uses an unprepared one is stopped by the trainer
+    (`train.streams.import_modules`)."""
+    if _PREPARING[0]:
+        return None
+    if prepared_dir:
+        return prepared_dir
+    root = prepared.default_dir()
+    return root if root and any(pf.exists(pf.join(root, t)) for t in task_names) else None
 
 
 def _sizes(cache: StatsCache, paths: Sequence[str], vocab: seqio.Vocabulary, what: str,
@@ -249,7 +257,8 @@ def register_monolingual(
     data_dir = os.fspath(data_dir)
     cache = StatsCache(data_dir)
 
-    root, vocab_fp = _prepared_root(prepared_dir), vocab_fingerprint(vocab)
+    root = _prepared_root(prepared_dir, [f"{name_prefix}_{lang}" for lang in languages])
+    vocab_fp = vocab_fingerprint(vocab)
     paths, stats, ready = {}, {}, {}
     for lang in languages:
         name = f"{name_prefix}_{lang}"
@@ -284,7 +293,7 @@ def register_monolingual(
             source = sources.monolingual_source(paths[lang], lang_ids[lang],
                                                 stats[lang] and stats[lang].examples)
             preprocessors.insert(0, prep.bind(prep.tokenize, keys={"lines": "tokens"}))
-            corpora = (Corpus(lang, "documents", (paths[lang],)),)
+            corpora = (pf.Corpus(lang, "documents", (paths[lang],)),)
         _add(seqio.TaskRegistry, name, definition, lambda n=name, s=source, d=definition,
              pp=preprocessors, c=corpora: seqio.TaskRegistry.add(
                  n, source=s, output_features=features, preprocessors=pp, task_cls=XlmTask,
@@ -431,7 +440,8 @@ def register_parallel(
     members = [f"{src}-{tgt}" for src, tgt in parsed]
     task_names = {m: name_prefix if record.mixes_corpora else
                   f"{name_prefix}_{m.replace('-', '_')}" for m in members}
-    root, vocab_fp = _prepared_root(prepared_dir), vocab_fingerprint(vocab)
+    root = _prepared_root(prepared_dir, sorted(set(task_names.values())))
+    vocab_fp = vocab_fingerprint(vocab)
     files, stats, ready = {}, {}, {}
     for member in members:
         src, tgt = member.split("-")
@@ -461,7 +471,7 @@ def register_parallel(
 
     def corpus(member):
         f = files[member]
-        return Corpus(member, "pairs", f.paths, f.swapped)
+        return pf.Corpus(member, "pairs", f.paths, f.swapped)
 
     features = _features(vocab, record, len(language_list))
     tok, build = record.from_pairs(max_side_length, max_total_length, random_order)

@@ -140,11 +140,12 @@ class StatsCache:
         os.replace(tmp, self.path)  # atomic: concurrent hosts never read a half-written file
 
 
-# The counting pass's speed, measured: `sources.count_monolingual` over the generated 300 MB
-# benchmark corpus (docs/performance.md, "Input at pod scale") on one core of the 2-core
-# machine. A corpus this large or larger is announced before it is counted.
-COUNT_MB_PER_S = 10.0
-ANNOUNCE_BYTES = 64 << 20
+# The counting pass's speed, measured: `sources.count_monolingual`'s per-line `vocab.encode`
+# over the generated 300 MB benchmark corpus (docs/performance.md, "Input at pod scale") ran
+# at 3.3 MB of text per second on one core of the 2-core machine. A corpus file of
+# ANNOUNCE_BYTES or more on disk is announced before it is counted.
+COUNT_MB_PER_S = 3.3
+ANNOUNCE_BYTES = 32 << 20
 
 
 def _announce_count(paths: Sequence[str]) -> None:
@@ -155,7 +156,7 @@ def _announce_count(paths: Sequence[str]) -> None:
     compressed = any(p.endswith((".xz", ".gz")) for p in paths)
     seconds = size / 1e6 / COUNT_MB_PER_S
     logger.warning(
-        "counting the tokens of %s (%.0f MB%s) on this host: about %.0f s%s at %.0f MB/s, once "
+        "counting the tokens of %s (%.0f MB%s) on this host: about %.0f s%s at %.1f MB/s, once "
         "(cached in the stats file); python -m xlm_jax.data.prepare counts in parallel while "
         "it prepares the corpus", " + ".join(paths), size / 1e6,
         " compressed" if compressed else "", seconds, " or several times that (compressed)"

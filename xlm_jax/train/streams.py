@@ -144,9 +144,13 @@ def import_modules(modules: Sequence[str], prepared_data: str | None = None,
     if prepared_data is None:  # the module's own prepared_dir: its choice
         return
     where, root = wrong[0]
-    raise ValueError(f"task {where} reads {root or 'its raw files'}, but "
-                     f"loop.train.prepared_data = {prepared_data!r}: its module registers it "
-                     "with a prepared_dir of its own; leave that to the run's setting")
+    if root is None:
+        raise ValueError(f"task {where} is not prepared in loop.train.prepared_data = "
+                         f"{prepared_data!r}; prepare it there first (python -m "
+                         "xlm_jax.data.prepare --tasks ... --output_dir ...)")
+    raise ValueError(f"task {where} reads {root}, but loop.train.prepared_data = "
+                     f"{prepared_data!r}: its module registers it with a prepared_dir of its "
+                     "own; leave that to the run's setting")
 
 
 def is_prepared(task: Task) -> bool:

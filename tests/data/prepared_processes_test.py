@@ -1,0 +1,108 @@
+"""Two `jax.distributed` processes on localhost reading one prepared task: each reads its own
+share (disjoint, together exactly the one-process read), and a process killed with SIGKILL
+after saving its input position resumes to the uninterrupted run's batches, bit for bit.
+
+Each process is `tests/testlib/prepared_reader.py`: it reads as the trainer does
+(`train.streams.make_stream` with jax's process index and count, positions at
+`train.data_state`'s paths)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.testlib import prepared_corpus as pc
+from tests.testlib.cli_run import ROOT, env
+
+TASK = "pd_mono"  # the German (plain text, several units) and French (xz) documents
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = pc.write(str(tmp_path_factory.mktemp("corpus")))
+    out = os.path.join(root, "prepared")
+    pc.prepare_here(root, out, pattern=TASK)
+    yield root, out
+    from xlm_jax.data import prepared
+
+    prepared.use(None)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _readers(corpus, tmp_path, name, processes, *extra):
+    """Starts `processes` readers (one jax.distributed job when > 1); returns them."""
+    root, out = corpus
+    port, procs = _port(), []
+    for i in range(processes):
+        args = [sys.executable, os.path.join(ROOT, "tests", "testlib", "prepared_reader.py"),
+                "--corpus", root, "--prepared", out, "--task", TASK,
+                "--out", str(tmp_path / f"{name}_{i}.npz"), "--state_dir", str(tmp_path / "run"),
+                *extra]
+        if processes > 1:
+            args += ["--coordinator", f"localhost:{port}", "--num_processes", str(processes),
+                     "--process_id", str(i)]
+        log = tmp_path / f"{name}_{i}.log"
+        with open(log, "w") as f:
+            proc = subprocess.Popen(args, cwd=ROOT, env=env(), stdout=f, stderr=subprocess.STDOUT)
+        proc.log = log
+        procs.append(proc)
+    return procs
+
+
+def _wait(procs):
+    """Exit codes of `procs` and the ends of their logs (all killed after 240 s)."""
+    try:
+        codes = [p.wait(240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return codes, [p.log.read_text()[-2000:] for p in procs]
+
+
+def _docs(npz) -> list[tuple[int, ...]]:
+    flat, lengths = npz["docs"], npz["doc_lengths"]
+    ends = np.cumsum(lengths)
+    return [tuple(flat[e - n:e].tolist()) for e, n in zip(ends, lengths)]
+
+
+def _batches(npz, steps) -> dict[str, np.ndarray]:
+    return {k: npz[k] for k in npz.files if k.startswith(tuple(f"step_{s}_" for s in steps))}
+
+
+def test_two_processes_read_disjoint_shares_and_resume_bit_identical_after_sigkill(
+        corpus, tmp_path):
+    procs = _readers(corpus, tmp_path, "two", 2) + _readers(corpus, tmp_path, "one", 1)
+    codes, logs = _wait(procs)
+    assert codes == [0, 0, 0], logs
+    two = [np.load(tmp_path / f"two_{i}.npz") for i in range(2)]
+    one = np.load(tmp_path / "one_0.npz")
+    # process p reads global positions p, p + 2, ...: the one-process order, interleaved
+    assert [npz["process"].tolist() for npz in (*two, one)] == [[0, 2], [1, 2], [0, 1]]
+    a, b, single = _docs(two[0]), _docs(two[1]), _docs(one)
+    assert len(a) == len(b) == len(single) == 24
+    assert [d for pair in zip(a[:12], b[:12]) for d in pair] == single
+    assert a != b and two[0]["step_0_input_ids"].shape == (4, 32)  # 8 rows over 2 processes
+
+    # killed right after saving at step 3 (both processes), then resumed from the saves
+    codes, logs = _wait(_readers(corpus, tmp_path, "killed", 2, "--save_at", "3",
+                                 "--kill_after_save"))
+    assert codes == [-9, -9], logs
+    codes, logs = _wait(_readers(corpus, tmp_path, "resumed", 2, "--restore_at", "3"))
+    assert codes == [0, 0], logs
+    for i in range(2):
+        resumed = np.load(tmp_path / f"resumed_{i}.npz")
+        want, got = _batches(two[i], [3, 4, 5]), _batches(resumed, [3, 4, 5])
+        assert len(want) == 15 and want.keys() == got.keys()  # 3 steps x 5 features
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=f"process {i} {key}")
+        assert not _batches(resumed, [0, 1, 2])  # nothing re-read before the saved position

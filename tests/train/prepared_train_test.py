@@ -1,0 +1,91 @@
+"""The trainer on prepared data (`loop.train.prepared_data`): it trains, a resume from a saved
+input position ends bit-identical to the uninterrupted run, a position saved by another
+process count reseeds the prepared streams at once, and a run whose task is not prepared is
+stopped before anything is built."""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+
+import pytest
+
+from tests.testlib import prepared_corpus as pc
+from tests.testlib import tiny_run
+from xlm_jax.models.config import get_config
+from xlm_jax.objectives.mlm import MaskedLM
+from xlm_jax.train import data_state, loop, mixture, setup, streams
+from xlm_jax.train.resume import ResumeInfo
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = pc.write(str(tmp_path_factory.mktemp("corpus")))
+    out = os.path.join(root, "prepared")
+    pc.prepare_here(root, out, pattern="pd_mono")
+    pc.prepare_here(root, out, pattern="pd_pairs")
+    yield root, out
+    from xlm_jax.data import prepared
+
+    prepared.use(None)
+
+
+def _specs():
+    def mlm(kind):
+        return lambda model, name: MaskedLM(model, name=name, kind=kind, max_predictions=6)
+
+    return {"mmlm": loop.ObjectiveSpec(factory=mlm("mono"), task="pd_mono"),
+            "tlm": loop.ObjectiveSpec(factory=mlm("pair"), task="pd_pairs")}
+
+
+def _train(model_dir, steps, prepared_data, **kw):
+    out = io.StringIO()
+    result = tiny_run.train_tiny(model_dir, steps, objectives=_specs(),
+                                 model={"vocab_size": 8002}, batch=4, save_every=3,
+                                 task_modules=[pc.MODULE], prepared_data=prepared_data, out=out,
+                                 **kw)
+    return result, out.getvalue()
+
+
+def test_a_prepared_run_resumes_bit_identical_from_its_saved_positions(corpus, tmp_path):
+    _, out = corpus
+    straight, _ = _train(tmp_path / "straight", 6, out)
+    assert len(straight.losses) == 6 and all(0 < x < 20 for x in straight.losses)
+    shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "6")
+    shutil.rmtree(tmp_path / "resumed" / data_state.STATE_DIR / "6")
+    resumed, log = _train(tmp_path / "resumed", 6, out)
+    assert "restored the input position of mmlm, tlm" in log and "replaying" not in log
+    assert resumed.losses == straight.losses[3:]
+    # the same run on the raw files reads other batches (the raw sources are in file order)
+    raw, _ = _train(tmp_path / "raw", 3, None)
+    assert raw.losses != straight.losses[:3]
+
+
+def test_positions_saved_by_another_process_count_reseed_prepared_streams(corpus, tmp_path):
+    _, out = corpus
+    streams.import_modules([pc.MODULE], out, ["pd_mono"])
+    shapes = {"mmlm": mixture.Shape(4, 32)}
+    saved = {"mmlm": {"seed": 0, "task": "pd_mono", "batch_size": 4, "seq_len": 32}}
+    model = get_config("tiny", vocab_size=8002)
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        got, built = setup.make_streams({"mmlm": "pd_mono"}, shapes, 0,
+                                        ResumeInfo(step=5000, process_count=2, data_state=saved),
+                                        "checkpoint", model, str(tmp_path))
+    assert ("the prepared data of mmlm continues in a new order drawn from (seed, step 5000): "
+            "its positions were saved by 2 processes") in log.getvalue()
+    assert "replaying" not in log.getvalue()
+    seed, position = streams.resume_plan(0, 5000, "reseed")
+    assert built["mmlm"].seed == seed and position == 0
+    want = streams.make_stream("pd_mono", 4, 32, seed, 0, 8002, 0, 1)
+    first = next(got["mmlm"])
+    assert all((first[k] == v).all() for k, v in next(want).items())
+
+
+def test_a_run_whose_task_is_not_prepared_there_is_stopped_before_it_builds(corpus, tmp_path):
+    _, out = corpus
+    with pytest.raises(ValueError, match=r"task pd_veco_de \(in pd_veco\) is not prepared in "
+                                         r"loop.train.prepared_data = "):
+        streams.import_modules([pc.MODULE], out, ["pd_veco"])
