@@ -63,11 +63,17 @@ def test_the_walkthrough_runs_from_outside_the_repository(tmp_path):
     assert "my_mono_de" in outputs["xlm_jax.data.inspect"][0]
     assert all("done: 2 steps" in out for out in outputs["xlm_jax.train"])
     prepared = outputs["xlm_jax.data.prepare"][0]
-    for task, n in (("my_mono_en", 1), ("my_mono_de", 1), ("my_opus_en_de", 400)):
-        assert os.path.join("prepared", task) in prepared  # each task prepared ...
+    counted = {}  # what the raw registrations counted (the stats files beside the data)
+    for sub in ("mono", "parallel"):
+        entries = json.load(open(os.path.join(root, sub, "xlm_jax_stats.json")))["entries"]
+        counted.update({tuple(e["files"]): e["stats"] for e in entries.values()})
+    for task, member, files in (("my_mono_en", "en", ("en.txt",)),
+                                ("my_mono_de", "de", ("de.txt",)),
+                                ("my_opus_en_de", "en-de", ("en-de.en", "en-de.de"))):
+        assert os.path.join("prepared", task) in prepared  # each task prepared, its counts
         manifest = json.load(open(os.path.join(root, "prepared", task, "manifest.json")))
-        member = "en-de" if "opus" in task else task[-2:]
-        assert manifest["corpora"][member]["stats"]["examples"] == n  # ... with its counts
+        assert manifest["corpora"][member]["stats"] == counted[files]  # those of the raw path
+    assert counted[("en-de.en", "en-de.de")]["examples"] == 400
     run = os.path.join(root, "run")
     with open(os.path.join(run, "spm.model"), "rb") as a, \
             open(os.path.join(root, "my_spm.model"), "rb") as b:

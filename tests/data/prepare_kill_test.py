@@ -21,9 +21,9 @@ def _shard_counts(directory: str) -> int:
 
 def test_prepare_killed_mid_way_and_rerun_writes_what_an_uninterrupted_run_writes(tmp_path):
     root = pc.write(str(tmp_path / "corpus"))
-    de = os.path.join(root, "mono", "de.txt")  # 20 MB of German documents: ~150 work units
-    make_corpus.write_language(de, make_corpus._sentences(make_corpus.demo_mono_dir(), "de"),
-                               20, seed=3)
+    de = os.path.join(root, "mono", "de.txt")  # 12 MB of German documents: ~90 work units
+    make_corpus.write_language(de, make_corpus.sentences(make_corpus.demo_mono_dir(), "de"),
+                               12, seed=3)
     split = 128 << 10
     units = -(-os.path.getsize(de) // split) + 1  # + fr's one unit
 

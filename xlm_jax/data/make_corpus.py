@@ -24,7 +24,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import Optional
 
-__all__ = ["demo_mono_dir", "write_language", "main"]
+__all__ = ["demo_mono_dir", "sentences", "write_language", "main"]
 
 
 def demo_mono_dir() -> str:
@@ -36,7 +36,8 @@ def demo_mono_dir() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "demo_data", "mono")
 
 
-def _sentences(source_dir: str, lang: str) -> list[str]:
+def sentences(source_dir: str, lang: str) -> list[str]:
+    """The non-blank lines of the demo text of `lang`."""
     path = os.path.join(source_dir, f"{lang}.txt.xz")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no demo text for language {lang!r}: {path} does not exist")
@@ -44,19 +45,20 @@ def _sentences(source_dir: str, lang: str) -> list[str]:
         return [line.strip() for line in f if line.strip()]
 
 
-def write_language(path: str, sentences: Sequence[str], megabytes: float, seed: int) -> int:
-    """Writes about `megabytes` MB of documents to `path` (plain); returns the bytes written."""
+def write_language(path: str, lines: Sequence[str], megabytes: float, seed: int) -> int:
+    """Writes about `megabytes` MB of documents of `lines` to `path` (plain); returns the
+    bytes written."""
     rng = random.Random(seed)
     target, written = int(megabytes * 1e6), 0
     with open(path, "w", encoding="utf-8") as f:
         while written < target:
-            lines = []
+            doc_lines = []
             for _ in range(rng.randint(1, 12)):
-                words = rng.choice(sentences).split()
+                words = rng.choice(lines).split()
                 if rng.random() < 0.5:
                     rng.shuffle(words)
-                lines.append(" ".join(words))
-            doc = "\n".join(lines) + "\n\n"
+                doc_lines.append(" ".join(words))
+            doc = "\n".join(doc_lines) + "\n\n"
             f.write(doc)
             written += len(doc.encode("utf-8"))
     return written
@@ -86,7 +88,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[str]:
     source, out = demo_mono_dir(), []
     for i, lang in enumerate(args.languages.split(",")):
         path = os.path.join(args.output_dir, f"{lang}.txt")
-        size = write_language(path, _sentences(source, lang), args.megabytes, args.seed + i)
+        size = write_language(path, sentences(source, lang), args.megabytes, args.seed + i)
         if args.compress == "xz":
             path = _compress_xz(path)
         print(f"{path}: {size / 1e6:.1f} MB of text, {os.path.getsize(path) / 1e6:.1f} MB on disk",

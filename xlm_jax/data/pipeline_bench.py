@@ -18,9 +18,11 @@ so the raw and the prepared path are measured the same way, page cache or not.
 `--epoch` reads instead this process's whole share of one epoch of every Task behind the
 pipeline (the Tasks' preprocessed examples, in file order): its `bytes_read` is what one
 process reads per epoch. `--resume_at 20,2000` times what a resume at each of those steps
-costs the input pipeline: restoring the saved iterator position (build, `restore`, first
-batch), and, unless `--no_replay`, replaying (build at `start_step`, first batch), after
-checking both give the batch an uninterrupted iterator gives there. For VECO / mixup tasks
+costs the input pipeline: restoring the saved iterator position (build, `restore`, and 8
+batches, less the time the uninterrupted iterator takes for those 8: the first batch after a
+restore may come from the saved buffers before the source is read at all), and, unless
+`--no_replay`, replaying (build at `start_step`, first batch), after checking both give the
+batches an uninterrupted iterator gives there. For VECO / mixup tasks
 an example is two rows and both rows' tokens count.
 """
 
@@ -147,20 +149,32 @@ def read_epoch(task: str, sequence_length: int = 128, process_index: int = 0,
 
 @dataclasses.dataclass(frozen=True)
 class ResumeCost:
-    """Seconds to the first batch of a stream resumed at `step`, each way."""
+    """What a stream resumed at `step` costs, each way.
+
+    The first batch after a restore can come from the buffers tf.data saved with the position
+    (shuffle buffers, prefetched batches) before the source is read at all, so a restore is
+    timed over `settle` batches and compared with the same batches read straight on."""
 
     step: int
     save_seconds: float  # writing the position (once per checkpoint)
-    restore_seconds: float  # build + restore + first batch
+    restore_seconds: float  # build + restore + `settle` batches, minus reading them straight on
+    first_batch_seconds: float  # build + restore + the first batch
+    settle: int
     replay_seconds: Optional[float]  # build with start_step=step + first batch (None: skipped)
+
+
+def _timed(it, n: int) -> tuple[list[dict[str, np.ndarray]], float]:
+    start = time.perf_counter()
+    batches = [next(it) for _ in range(n)]
+    return batches, time.perf_counter() - start
 
 
 def resume_cost(task: str, batch_size: int, sequence_length: int, step: int, state_dir: str,
                 seed: int = 0, process_index: int = 0, num_processes: int = 1,
-                replay: bool = True) -> ResumeCost:
-    """Times both resumes of `task` at `step` (a pipeline of the same task is built once
-    first, so TF start-up and tracing are not counted) and checks both give the batch the
-    uninterrupted iterator gives at `step`."""
+                replay: bool = True, settle: int = 8) -> ResumeCost:
+    """Times the resumes of `task` at `step` (a pipeline of the same task is built once
+    first, so TF start-up and tracing are not counted) and checks that they give the batches
+    the uninterrupted iterator gives from `step` on."""
     shard = {"shard_index": process_index, "num_shards": num_processes}
     straight = make_batch_iterator(task, batch_size, sequence_length, seed=seed, **shard)
     for _ in range(step):
@@ -168,14 +182,17 @@ def resume_cost(task: str, batch_size: int, sequence_length: int, step: int, sta
     start = time.perf_counter()
     path = straight.save(os.path.join(state_dir, f"{task}-{step}"))
     save_s = time.perf_counter() - start
-    expected = next(straight)
+    expected, straight_s = _timed(straight, settle)
     straight.close()
 
     start = time.perf_counter()
     restored = make_batch_iterator(task, batch_size, sequence_length, seed=seed, **shard)
     restored.restore(path)
     got = [next(restored)]
-    restore_s = time.perf_counter() - start
+    first_s = time.perf_counter() - start
+    rest, rest_s = _timed(restored, settle - 1)
+    got += rest
+    restore_s = first_s + rest_s - straight_s
     restored.close()
 
     replay_s = None
@@ -186,10 +203,10 @@ def resume_cost(task: str, batch_size: int, sequence_length: int, step: int, sta
         got.append(next(replayed))
         replay_s = time.perf_counter() - start
         replayed.close()
-    for batch in got:
-        if any(not np.array_equal(batch[k], expected[k]) for k in expected):
+    for batch, want in zip(got, expected + expected[:1]):
+        if any(not np.array_equal(batch[k], want[k]) for k in want):
             raise AssertionError(f"{task}: a resumed stream at step {step} differs")
-    return ResumeCost(step, save_s, restore_s, replay_s)
+    return ResumeCost(step, save_s, restore_s, first_s, settle, replay_s)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> PipelineBenchResult | EpochRead | list[ResumeCost]:
@@ -255,8 +272,10 @@ def main(argv: Optional[Sequence[str]] = None) -> PipelineBenchResult | EpochRea
                 replay = ("" if cost.replay_seconds is None
                           else f", replay {cost.replay_seconds:.2f} s")
                 print(f"{where}: batch {args.batch_size} x {args.sequence_length}, resume at "
-                      f"step {step}: restore {cost.restore_seconds:.2f} s{replay} (saving the "
-                      f"position took {cost.save_seconds:.2f} s)", flush=True)
+                      f"step {step}: restore {cost.restore_seconds:.2f} s (first batch after "
+                      f"{cost.first_batch_seconds:.2f} s; {cost.settle} batches against "
+                      f"reading them straight on){replay} (saving the position took "
+                      f"{cost.save_seconds:.2f} s)", flush=True)
         result["resume"] = [dataclasses.asdict(c) for c in out]
     else:
         out = run(args.pipeline, args.batch_size, args.sequence_length, args.batches,

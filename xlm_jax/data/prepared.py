@@ -58,6 +58,8 @@ class PreparedTask:
 
     directory: str
     manifest: Mapping[str, Any]
+    _records: dict[str, pf.CorpusRecords] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False)
 
     @property
     def digest(self) -> str:
@@ -71,16 +73,20 @@ class PreparedTask:
         return CorpusStats.from_json(self.manifest["corpora"][member]["stats"])
 
     def records(self, member: str) -> pf.CorpusRecords:
-        return pf.CorpusRecords(pf.join(self.directory, member),
-                                self.manifest["corpora"][member])
+        """The member's records (built, and so its shards checked, once)."""
+        if member not in self._records:
+            self._records[member] = pf.CorpusRecords(pf.join(self.directory, member),
+                                                     self.manifest["corpora"][member])
+        return self._records[member]
 
 
-def _missing(directory: str, task: str) -> str:
-    """Why `directory` has no manifest, naming the first unfinished work unit if any."""
+def _missing(root: str, task: str) -> str:
+    """Why `root/task` has no manifest, naming the first unfinished work unit if any."""
+    directory = pf.join(root, task)
     plan = pf.join(directory, pf.PLAN)
     if not pf.exists(plan):
         return (f"{directory}: task {task} is not prepared there; run python -m "
-                f"xlm_jax.data.prepare --tasks {task} --output_dir <that directory> first")
+                f"xlm_jax.data.prepare --tasks {task} --output_dir {root} first")
     corpora = pf.read_json(plan)["corpora"]
     units = [pf.join(member, pf.shard_name(k, c["units"]))
              for member, c in sorted(corpora.items()) for k in range(c["units"])]
@@ -100,7 +106,7 @@ def load_task(root: str, task: str, records: str, vocabulary: str,
     directory = pf.join(root, task)
     path = pf.join(directory, pf.MANIFEST)
     if not pf.exists(path):
-        raise pf.PreparedError(_missing(directory, task))
+        raise pf.PreparedError(_missing(root, task))
     try:
         manifest = pf.read_json(path)
         plan = pf.Plan.from_json(manifest)

@@ -136,18 +136,19 @@ def import_modules(modules: Sequence[str], prepared_data: str | None = None,
                     f"loop.train.task_modules={','.join(modules)}: cannot import {name!r} ({e}; a "
                     "task module must be importable from the working directory or PYTHONPATH)"
                 ) from e
-        roots = [(where, _data_module("registry").prepared_root(member))
+        roots = [(member.name, where, _data_module("registry").prepared_root(member))
                  for member, where in _seqio_members(tasks)]
-        wrong = [(where, root) for where, root in roots if root != prepared_data]
+        wrong = [row for row in roots if row[2] != prepared_data]
         if not wrong:
             return
     if prepared_data is None:  # the module's own prepared_dir: its choice
         return
-    where, root = wrong[0]
+    name, where, root = wrong[0]
     if root is None:
         raise ValueError(f"task {where} is not prepared in loop.train.prepared_data = "
-                         f"{prepared_data!r}; prepare it there first (python -m "
-                         "xlm_jax.data.prepare --tasks ... --output_dir ...)")
+                         f"{prepared_data!r}; prepare it there first: python -m "
+                         f"xlm_jax.data.prepare --module {','.join(modules) or 'MODULE'} "
+                         f"--tasks {name} --output_dir {prepared_data}")
     raise ValueError(f"task {where} reads {root}, but loop.train.prepared_data = "
                      f"{prepared_data!r}: its module registers it with a prepared_dir of its "
                      "own; leave that to the run's setting")
