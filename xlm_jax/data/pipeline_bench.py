@@ -32,6 +32,7 @@ import dataclasses
 import importlib
 import json
 import os
+import sys
 import tempfile
 import time
 from typing import Optional, Sequence
@@ -237,12 +238,14 @@ def main(argv: Optional[Sequence[str]] = None) -> PipelineBenchResult | EpochRea
         parser.error(f"--process_index {args.process_index} is not in [0, --num_processes "
                      f"{args.num_processes})")
     cli_help.quiet_tensorflow()
-    if args.prepared:
-        from xlm_jax.data import prepared  # pylint: disable=g-import-not-at-top
+    from xlm_jax.data import prepared  # pylint: disable=g-import-not-at-top
 
-        prepared.use(args.prepared)
+    prepared.use(args.prepared)  # None: the raw files, whatever this process used before
     try:
-        importlib.import_module(args.module)
+        loaded = args.module in sys.modules
+        module = importlib.import_module(args.module)
+        if loaded:  # registered earlier in this process, perhaps over other data: again
+            importlib.reload(module)
     except ImportError as e:
         raise SystemExit(f"pipeline_bench: cannot import --module {args.module!r} ({e}); run "
                          "from the repository root") from e
