@@ -219,3 +219,41 @@ def test_prepare_is_refused_for_tasks_it_cannot_read(corpus):
         prepare_lib.plan_task(seqio.TaskRegistry.get("pd_mono_de"), out, 1 << 20)
     with pytest.raises(ValueError, match="names no registered task"):
         prepare_lib.resolve_tasks(["no_such_task*"])
+
+
+def test_a_language_in_parts_is_read_in_order_and_prepared_file_by_file(tmp_path):
+    """`{lang}/` holding the German text as three files (plain, plain, .xz): the raw task reads
+    them in name order; `prepare` makes work units of each file and gives the same examples."""
+    import io
+    import lzma
+
+    from xlm_jax.data.prepare_worker import run_unit
+
+    docs = pc._text(os.path.join(pc.DEMO, "mono", "de.txt.xz")).split("\n\n")
+    parts = tmp_path / "mono" / "de"
+    parts.mkdir(parents=True)
+    third = len(docs) // 3
+    (parts / "a.txt").write_text("\n\n".join(docs[:third]), encoding="utf-8")
+    (parts / "b.txt").write_text("\n\n".join(docs[third:2 * third]), encoding="utf-8")
+    (parts / "c.txt.xz").write_bytes(lzma.compress("\n\n".join(docs[2 * third:]).encode()))
+    mono = str(tmp_path / "mono")
+
+    def register(**kw):
+        return registry.register_monolingual("parts", mono, ["de"], pc.SPM,
+                                             sequence_length=pc.LENGTH, **kw)
+
+    raw = register()
+    want = _examples("parts_de")
+    whole = registry.register_monolingual("whole", os.path.join(pc.DEMO, "mono"), ["de"],
+                                          pc.SPM, sequence_length=pc.LENGTH)
+    assert raw.stats["de"].examples == whole.stats["de"].examples  # no document lost or split
+    out = str(tmp_path / "prepared")
+    with registry.preparing():
+        register()
+    prepare_lib.prepare(["parts_de"], out, split_bytes=16384, out=io.StringIO(),
+                        run_units=lambda items, _: [run_unit(i) for i in items])
+    manifest = pf.read_json(os.path.join(out, "parts_de", pf.MANIFEST))["corpora"]["de"]
+    assert [s["file"] for s in manifest["sources"]] == ["a.txt", "b.txt", "c.txt.xz"]
+    assert len(manifest["shards"]) > 3  # the plain parts cut further, the .xz one unit
+    assert register(prepared_dir=out).stats == raw.stats
+    assert _examples("parts_de") == want

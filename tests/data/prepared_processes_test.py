@@ -8,9 +8,11 @@ Each process is `tests/testlib/prepared_reader.py`: it reads as the trainer does
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -93,9 +95,16 @@ def test_two_processes_read_disjoint_shares_and_resume_bit_identical_after_sigki
     assert [d for pair in zip(a[:12], b[:12]) for d in pair] == single
     assert a != b and two[0]["step_0_input_ids"].shape == (4, 32)  # 8 rows over 2 processes
 
-    # killed right after saving at step 3 (both processes), then resumed from the saves
-    codes, logs = _wait(_readers(corpus, tmp_path, "killed", 2, "--save_at", "3",
-                                 "--kill_after_save"))
+    # killed (SIGKILL) once both processes saved their positions at step 3, then resumed
+    killed = _readers(corpus, tmp_path, "killed", 2, "--save_at", "3", "--park_after_save")
+    saved = [tmp_path / f"killed_{i}.npz.saved" for i in range(2)]
+    deadline = time.monotonic() + 240
+    while not all(p.exists() for p in saved) and time.monotonic() < deadline:
+        assert all(p.poll() is None for p in killed), _wait(killed)[1]
+        time.sleep(0.05)
+    for p in killed:
+        p.send_signal(signal.SIGKILL)
+    codes, logs = _wait(killed)
     assert codes == [-9, -9], logs
     codes, logs = _wait(_readers(corpus, tmp_path, "resumed", 2, "--restore_at", "3"))
     assert codes == [0, 0], logs

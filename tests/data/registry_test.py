@@ -120,7 +120,8 @@ def test_stats_counted_once_and_invalidated_on_change(corpus, monkeypatch, tmp_p
     calls = []
     real = sources.count_monolingual
     monkeypatch.setattr(sources, "count_monolingual",
-                        lambda path, enc: calls.append(os.path.basename(path)) or real(path, enc))
+                        lambda paths, enc: calls.extend(os.path.basename(p) for p in paths)
+                        or real(paths, enc))
     first = registry.register_monolingual("rt_cache", str(mono), ["en", "fr"], corpus["vocab"])
     assert sorted(calls) == ["en.txt", "fr.txt.xz"]
     registry.register_monolingual("rt_cache2", str(mono), ["en", "fr"], corpus["vocab"])

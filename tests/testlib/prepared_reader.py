@@ -3,21 +3,22 @@ tests/data/prepared_processes_test.py:
 
   python tests/testlib/prepared_reader.py --corpus ROOT --prepared DIR --task T --out F.npz
       [--coordinator localhost:PORT --num_processes 2 --process_id I]
-      [--steps 6] [--save_at 3 --state_dir D [--kill_after_save]] [--restore_at 3]
+      [--steps 6] [--save_at 3 --state_dir D [--park_after_save]] [--restore_at 3]
 
 Joins `jax.distributed` when asked, registers the corpus's tasks over the prepared directory
 the way the trainer does (`train.streams.import_modules`), and reads as the trainer reads:
 `train.streams.make_stream` (process index and count from jax), positions saved and restored
 at the trainer's paths (`train.data_state.prefix`). Writes to F.npz the documents its
 process's source gives first (`docs`, `doc_lengths`) and every batch it read (`step_S_KEY`).
-`--kill_after_save` SIGKILLs the process right after the save, as a preemption would.
+After a save it writes F.npz.saved; `--park_after_save` then sleeps, for the test to SIGKILL every process at once
+(a process that killed itself would make jax's coordination service abort the others, maybe
+before they saved).
 """
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import sys
+import time
 
 import numpy as np
 
@@ -34,7 +35,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--save_at", type=int, default=0)
     ap.add_argument("--restore_at", type=int, default=0)
-    ap.add_argument("--kill_after_save", action="store_true")
+    ap.add_argument("--park_after_save", action="store_true")
     args = ap.parse_args()
 
     import jax  # pylint: disable=g-import-not-at-top
@@ -67,8 +68,10 @@ def main() -> None:
             out[f"step_{step}_{key}"] = value
         if args.save_at == step + 1:
             stream.save(data_state.prefix(args.state_dir, step + 1, "mlm", p, n))
-            if args.kill_after_save:
-                os.kill(os.getpid(), signal.SIGKILL)
+            with open(args.out + ".saved", "w"):  # the save has returned
+                pass
+            while args.park_after_save:
+                time.sleep(60)
     np.savez(args.out, **out)
 
 

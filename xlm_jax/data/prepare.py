@@ -67,8 +67,10 @@ class TaskPlan:
 # ----------------------------------------------------------------------------- planning
 
 def _units(corpus: pf.Corpus, split_bytes: int) -> list[cu.Unit]:
+    """The corpus's work units in reading order (a language in several files: file by
+    file)."""
     if corpus.records == "documents":
-        return cu.document_units(corpus.paths[0], split_bytes)
+        return [u for path in corpus.paths for u in cu.document_units(path, split_bytes)]
     tgt = corpus.paths[1] if len(corpus.paths) > 1 else None
     return cu.pair_units(ParallelFiles(corpus.paths[0], tgt, corpus.swapped), split_bytes)
 

@@ -231,7 +231,8 @@ def register_monolingual(
     shuffle_buffer_size: int = 1000,
     prepared_dir: Optional[str] = None,
 ) -> Registration:
-    """Registers CC-100 style corpora `{data_dir}/{lang}.txt[.xz|.gz]`, one Task per language.
+    """Registers CC-100 style corpora `{data_dir}/{lang}.txt[.xz|.gz]` (or the files of
+    `{data_dir}/{lang}/`, `sources.find_monolingual_files`), one Task per language.
 
     kind: a kind with `from_documents` (`features.EXAMPLE_KINDS`): "mono" (full-length
       segments) or "split_pair" (adjacent segments x, y).
@@ -262,15 +263,15 @@ def register_monolingual(
     paths, stats, ready = {}, {}, {}
     for lang in languages:
         name = f"{name_prefix}_{lang}"
-        if root:  # the raw file is optional then: a pod host may hold only the prepared data
-            paths[lang] = _optional_file(lambda lang=lang: sources.find_monolingual_file(
+        if root:  # the raw files are optional then: a pod host may hold only the prepared data
+            paths[lang] = _optional_file(lambda lang=lang: sources.find_monolingual_files(
                 data_dir, lang))
             ready[lang] = prepared.load_task(root, name, "documents", vocab_fp,
-                                             {lang: paths[lang] and [paths[lang]]})
+                                             {lang: paths[lang]})
             stats[lang] = ready[lang].stats(lang)
             continue
-        paths[lang] = sources.find_monolingual_file(data_dir, lang)
-        stats[lang] = _sizes(cache, [paths[lang]], vocab, "mono",
+        paths[lang] = sources.find_monolingual_files(data_dir, lang)
+        stats[lang] = _sizes(cache, paths[lang], vocab, "mono",
                              lambda p=paths[lang]: sources.count_monolingual(p, vocab.encode))
     rates = _rates(stats, rate_by, alpha)
 
@@ -288,12 +289,12 @@ def register_monolingual(
             definition.update(prepared=root, digest=ready[lang].digest)
             source, corpora = prepared.source(ready[lang], lang, [lang_ids[lang]]), ()
         else:
-            definition.update(file=file_key([paths[lang]], vocab_fp, "mono"),
-                              path=os.path.abspath(paths[lang]))
+            definition.update(file=file_key(paths[lang], vocab_fp, "mono"),
+                              paths=[os.path.abspath(p) for p in paths[lang]])
             source = sources.monolingual_source(paths[lang], lang_ids[lang],
                                                 stats[lang] and stats[lang].examples)
             preprocessors.insert(0, prep.bind(prep.tokenize, keys={"lines": "tokens"}))
-            corpora = (pf.Corpus(lang, "documents", (paths[lang],)),)
+            corpora = (pf.Corpus(lang, "documents", tuple(paths[lang])),)
         _add(seqio.TaskRegistry, name, definition, lambda n=name, s=source, d=definition,
              pp=preprocessors, c=corpora: seqio.TaskRegistry.add(
                  n, source=s, output_features=features, preprocessors=pp, task_cls=XlmTask,

@@ -2,8 +2,9 @@
 
 Layouts read here (every file may be plain, `.xz` or `.gz` compressed):
 
-  CC-100       `{data_dir}/{lang}.txt`: one sentence per line, documents separated by blank
-               lines. An example is one document (its list of lines).
+  CC-100       `{data_dir}/{lang}.txt` (or the files of a directory `{data_dir}/{lang}/`): one
+               sentence per line, documents separated by blank lines. An example is one
+               document (its list of lines).
   OPUS/Moses   `{data_dir}/{src}-{tgt}.{src}` and `{data_dir}/{src}-{tgt}.{tgt}`, line aligned
                (the reversed name `{tgt}-{src}.*` is found as well). An example is one pair.
   TSV          `{data_dir}/{src}-{tgt}.tsv`: `src<TAB>tgt` per line.
@@ -46,7 +47,7 @@ __all__ = [
     "open_lines",
     "languages_in_dir",
     "pairs_in_dir",
-    "find_monolingual_file",
+    "find_monolingual_files",
     "find_parallel_files",
     "iter_documents",
     "iter_pairs",
@@ -112,8 +113,15 @@ def _strip_compression(name: str) -> str:
     return name
 
 
+def _text_files(directory: str) -> list[str]:
+    """The `*.txt[.xz|.gz]` files of `directory`, sorted (one language's parts)."""
+    return sorted(os.path.join(directory, n) for n in os.listdir(directory)
+                  if _strip_compression(n).endswith(".txt")) if os.path.isdir(directory) else []
+
+
 def languages_in_dir(data_dir: str) -> list[str]:
-    """Languages with a CC-100 style `{lang}.txt[.xz|.gz]` file in `data_dir`."""
+    """Languages with a CC-100 style `{lang}.txt[.xz|.gz]` file, or a `{lang}/` directory of
+    such files, in `data_dir`."""
     if not os.path.isdir(data_dir):
         return []
     found = set()
@@ -121,6 +129,8 @@ def languages_in_dir(data_dir: str) -> list[str]:
         base = _strip_compression(name)
         if base.endswith(".txt"):
             found.add(base[: -len(".txt")])
+        elif _text_files(os.path.join(data_dir, name)):
+            found.add(name)
     return sorted(found)
 
 
@@ -137,24 +147,29 @@ def pairs_in_dir(data_dir: str) -> list[str]:
     return sorted(found)
 
 
-def find_monolingual_file(data_dir: str, lang: str) -> str:
-    """Returns the path of `{lang}.txt[.xz|.gz]` in `data_dir`.
+def find_monolingual_files(data_dir: str, lang: str) -> list[str]:
+    """The files of language `lang` in `data_dir`: `{lang}.txt[.xz|.gz]`, or the
+    `*.txt[.xz|.gz]` files of the directory `{lang}/` in name order (one corpus in parts: a
+    document never spans two files, and `data.prepare` reads the parts in parallel).
 
     Raises FileNotFoundError naming the paths tried and the languages the directory has.
     """
     base = os.path.join(data_dir, f"{lang}.txt")
-    candidates = [base + s for s in COMPRESSED_SUFFIXES]
-    path = _first_existing(candidates)
-    if path is None:
-        if not os.path.isdir(data_dir):
-            raise FileNotFoundError(
-                f"corpus directory {data_dir} does not exist (looking for language {lang!r})"
-            )
+    path = _first_existing([base + s for s in COMPRESSED_SUFFIXES])
+    if path is not None:
+        return [path]
+    parts = _text_files(os.path.join(data_dir, lang))
+    if parts:
+        return parts
+    if not os.path.isdir(data_dir):
         raise FileNotFoundError(
-            f"no corpus file for language {lang!r}: {base}[.xz|.gz] does not exist; "
-            f"languages found in {data_dir}: {languages_in_dir(data_dir) or 'none'}"
+            f"corpus directory {data_dir} does not exist (looking for language {lang!r})"
         )
-    return path
+    raise FileNotFoundError(
+        f"no corpus file for language {lang!r}: {base}[.xz|.gz] does not exist, nor "
+        f"{os.path.join(data_dir, lang)}/*.txt[.xz|.gz]; languages found in {data_dir}: "
+        f"{languages_in_dir(data_dir) or 'none'}"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,16 +341,20 @@ class CorpusStats:
         return cls(**{k: int(v) for k, v in d.items() if k in fields})
 
 
-def count_monolingual(path: str, encode: Callable[[str], Sequence[int]]) -> CorpusStats:
-    """Counts documents, lines and tokens of a CC-100 file (one full pass, tokenizing)."""
+def count_monolingual(paths: Sequence[str], encode: Callable[[str], Sequence[int]]
+                      ) -> CorpusStats:
+    """Counts documents, lines and tokens of a CC-100 corpus's files (one full pass,
+    tokenizing)."""
     counts = ReadCounts()
     examples = tokens = lines = 0
-    for doc in iter_documents(path, counts):
-        examples += 1
-        lines += len(doc)
-        tokens += sum(len(encode(line)) for line in doc) + 1  # + the document's </s>
+    for path in paths:
+        for doc in iter_documents(path, counts):
+            examples += 1
+            lines += len(doc)
+            tokens += sum(len(encode(line)) for line in doc) + 1  # + the document's </s>
     return CorpusStats(examples=examples, tokens=tokens, lines=lines,
-                       bytes=os.path.getsize(path), invalid_utf8_lines=counts.invalid_utf8)
+                       bytes=sum(os.path.getsize(p) for p in paths),
+                       invalid_utf8_lines=counts.invalid_utf8)
 
 
 def count_parallel(files: ParallelFiles, encode: Callable[[str], Sequence[int]]) -> CorpusStats:
@@ -458,17 +477,19 @@ def GeneratorSource(*args, **kwargs) -> "seqio.DataSource":  # pylint: disable=i
     return _GENERATOR_SOURCE(*args, **kwargs)
 
 
-def monolingual_source(path: str, lang_id: int, num_examples: Optional[int] = None
+def monolingual_source(paths: Sequence[str], lang_id: int, num_examples: Optional[int] = None
                        ) -> "seqio.DataSource":
-    """Documents of a CC-100 file as `{"lines": string[n], "lang": int32}` examples."""
+    """Documents of a CC-100 corpus's files, in order, as `{"lines": string[n], "lang": int32}`
+    examples."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
     def make():
-        for doc in iter_documents(path):
-            yield {"lines": doc, "lang": lang_id}
+        for path in paths:
+            for doc in iter_documents(path):
+                yield {"lines": doc, "lang": lang_id}
 
     return GeneratorSource(
-        path, make,
+        "|".join(paths), make,
         {"lines": tf.TensorSpec([None], tf.string), "lang": tf.TensorSpec([], tf.int32)},
         num_examples)
 
