@@ -82,6 +82,22 @@ def test_prepared_tasks_give_the_raw_tasks_examples_and_counts(corpus):
         assert reg.rates == raw_regs[prefix].rates, prefix
 
 
+def test_prepared_tasks_need_no_raw_files(corpus, tmp_path):
+    """A pod host may hold only the prepared data: the corpus directory does not exist."""
+    _, out, _ = corpus
+    reg = registry.register_monolingual("pd_mono", str(tmp_path / "nowhere"), ["de", "fr"],
+                                        pc.SPM, sequence_length=pc.LENGTH, prepared_dir=out)
+    want = {m: prepared.load_task(out, f"pd_mono_{m}", "documents", _vocabulary_of(out, m),
+                                  {m: None}).stats(m) for m in ("de", "fr")}
+    assert reg.stats == want and reg.stats["de"].examples > 0
+    assert _examples("pd_mono_fr")  # and it reads
+
+
+def _vocabulary_of(out: str, member: str) -> str:
+    """The vocabulary fingerprint pd_mono_MEMBER was prepared with."""
+    return pf.read_json(os.path.join(out, f"pd_mono_{member}", pf.MANIFEST))["vocabulary"]
+
+
 def _documents(records: list[np.ndarray]) -> collections.Counter:
     return collections.Counter(tuple(r.tolist()) for r in records)
 
