@@ -59,7 +59,7 @@ class TaskPlan:
     units: dict[str, list[cu.Unit]]
 
     def items(self) -> list[WorkItem]:
-        return [WorkItem(pf.join(self.directory, member), self.plan.records, self.spm_path,
+        return [WorkItem(os.path.join(self.directory, member), self.plan.records, self.spm_path,
                          unit, k, len(units))
                 for member, units in sorted(self.units.items()) for k, unit in enumerate(units)]
 
@@ -95,7 +95,7 @@ def plan_task(task: Any, output_dir: str, split_bytes: int) -> TaskPlan:
                    corpora={c.member: {"sources": pf.source_entries(c.paths),
                                        "swapped": c.swapped, "units": len(units[c.member])}
                             for c in corpora})
-    return TaskPlan(pf.join(output_dir, task.name), plan, os.fspath(spm_path),
+    return TaskPlan(os.path.join(output_dir, task.name), plan, os.fspath(spm_path),
                     {c.member: c for c in corpora}, units)
 
 
@@ -104,7 +104,7 @@ def check_existing(tp: TaskPlan, out=sys.stdout) -> bool:
     another finished preparation (nothing prepared is overwritten); False when there is work
     to do. An unfinished preparation of another plan (the corpus was fixed after a worker
     failed) is unusable as it is, and is started over."""
-    manifest, plan = pf.join(tp.directory, pf.MANIFEST), pf.join(tp.directory, pf.PLAN)
+    manifest, plan = os.path.join(tp.directory, pf.MANIFEST), os.path.join(tp.directory, pf.PLAN)
     if pf.exists(manifest):
         differs = tp.plan.differences(pf.Plan.from_json(pf.read_json(manifest)))
         if differs:
@@ -133,7 +133,7 @@ def finish_task(tp: TaskPlan) -> dict[str, Any]:
         shards = []
         for k in range(len(units)):
             name = pf.shard_name(k, len(units))
-            path = pf.join(tp.directory, member, name + ".json")
+            path = os.path.join(tp.directory, member, name + ".json")
             if not pf.exists(path):
                 raise pf.PreparedError(f"{path} is missing after the pipeline ran: a worker "
                                        "failed; run the same command again to finish")
@@ -148,7 +148,7 @@ def finish_task(tp: TaskPlan) -> dict[str, Any]:
             "empty_pairs": total["empty_pairs"]}
         check_stats(CorpusStats.from_json(entry["stats"]), tp.corpora[member].paths,
                     "mono" if tp.plan.records == "documents" else "pair")
-    pf.write_json(pf.join(tp.directory, pf.MANIFEST), manifest)
+    pf.write_json(os.path.join(tp.directory, pf.MANIFEST), manifest)
     return manifest
 
 
@@ -223,7 +223,7 @@ def prepare(patterns: Sequence[str], output_dir: str, split_bytes: int = DEFAULT
     for tp in todo:  # a killed run's temporary files go; its finished units stay
         pf.makedirs(tp.directory)
         pf.remove_temporaries(tp.directory)
-        pf.write_json(pf.join(tp.directory, pf.PLAN), tp.plan.to_json())
+        pf.write_json(os.path.join(tp.directory, pf.PLAN), tp.plan.to_json())
     items = [item for tp in todo for item in tp.items()
              if not pf.exists(item.prefix + ".json")]
     if items:

@@ -12,6 +12,8 @@ the elements and the function Beam pickles belong to an importable module (not t
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 from collections.abc import Iterator
 from typing import Any, Optional
 
@@ -38,19 +40,13 @@ class WorkItem:
 
     @property
     def prefix(self) -> str:
-        return pf.join(self.directory, pf.shard_name(self.index, self.count))
+        return os.path.join(self.directory, pf.shard_name(self.index, self.count))
 
 
-class _Tokenizers:
-    """SentencePiece processors by model path, loaded once per worker process."""
-
-    _cache: dict[str, Any] = {}
-
-    @classmethod
-    def get(cls, path: str):
-        if path not in cls._cache:
-            cls._cache[path] = load_spm(path)
-        return cls._cache[path]
+@functools.lru_cache(maxsize=None)
+def _tokenizer(path: str) -> Any:
+    """The SentencePiece processor of `path`, loaded once per worker process."""
+    return load_spm(path)
 
 
 def _encode(sp: Any, texts: list[str]) -> list[np.ndarray]:
@@ -64,7 +60,7 @@ def _records(item: WorkItem, counts: ReadCounts, tally: dict[str, int]
              ) -> Iterator[np.ndarray]:
     """The unit's records in file order, 1024 examples per tokenizer call. `tally` gets the
     tokens and lines as `sources.count_monolingual` / `count_parallel` count them."""
-    sp = _Tokenizers.get(item.spm_path)
+    sp = _tokenizer(item.spm_path)
     batch: list[Any] = []
 
     def flush():

@@ -24,6 +24,7 @@ one epoch in file order (for inspection and tests); with `shuffle=True` it is en
 from __future__ import annotations
 
 import dataclasses
+import os
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
@@ -75,22 +76,22 @@ class PreparedTask:
     def records(self, member: str) -> pf.CorpusRecords:
         """The member's records (built, and so its shards checked, once)."""
         if member not in self._records:
-            self._records[member] = pf.CorpusRecords(pf.join(self.directory, member),
+            self._records[member] = pf.CorpusRecords(os.path.join(self.directory, member),
                                                      self.manifest["corpora"][member])
         return self._records[member]
 
 
 def _missing(root: str, task: str) -> str:
     """Why `root/task` has no manifest, naming the first unfinished work unit if any."""
-    directory = pf.join(root, task)
-    plan = pf.join(directory, pf.PLAN)
+    directory = os.path.join(root, task)
+    plan = os.path.join(directory, pf.PLAN)
     if not pf.exists(plan):
         return (f"{directory}: task {task} is not prepared there; run python -m "
                 f"xlm_jax.data.prepare --tasks {task} --output_dir {root} first")
     corpora = pf.read_json(plan)["corpora"]
-    units = [pf.join(member, pf.shard_name(k, c["units"]))
+    units = [os.path.join(member, pf.shard_name(k, c["units"]))
              for member, c in sorted(corpora.items()) for k in range(c["units"])]
-    missing = [u for u in units if not pf.exists(pf.join(directory, u + ".json"))]
+    missing = [u for u in units if not pf.exists(os.path.join(directory, u + ".json"))]
     done = (f"{len(units) - len(missing)} of {len(units)} work units written, {missing[0]} "
             "not" if missing else "every work unit written, the manifest not")
     return (f"{directory}: the preparation of task {task} did not finish ({done}); run the "
@@ -103,8 +104,8 @@ def load_task(root: str, task: str, records: str, vocabulary: str,
     record type, vocabulary fingerprint, members and, where the raw files are present here,
     their names and sizes; then every shard (`prepared_files.CorpusRecords`). Any mismatch is
     a one-line `PreparedError` naming the directory and what differs."""
-    directory = pf.join(root, task)
-    path = pf.join(directory, pf.MANIFEST)
+    directory = os.path.join(root, task)
+    path = os.path.join(directory, pf.MANIFEST)
     if not pf.exists(path):
         raise pf.PreparedError(_missing(root, task))
     try:
@@ -181,10 +182,10 @@ def _source_class() -> type:
             return True
 
         def list_shards(self, split: str) -> Sequence[str]:
-            return [pf.join(self._prepared.directory, self._member)]
+            return [os.path.join(self._prepared.directory, self._member)]
 
         def __repr__(self) -> str:
-            return f"PreparedSource({pf.join(self._prepared.directory, self._member)})"
+            return f"PreparedSource({os.path.join(self._prepared.directory, self._member)})"
 
         def _block_arrays(self, block, index, count, shuffle, seed) -> list[np.ndarray]:
             numbers = record_numbers(int(block), self._block, index, count,
@@ -208,7 +209,7 @@ def _source_class() -> type:
             index, count = (shard_info.index, shard_info.num_shards) if shard_info else (0, 1)
             if self._records.num_records < count:
                 raise pf.PreparedError(
-                    f"{pf.join(self._prepared.directory, self._member)}: "
+                    f"{os.path.join(self._prepared.directory, self._member)}: "
                     f"{self._records.num_records} records cannot be shared by {count} "
                     "processes (each reads its own records); use at most "
                     f"{self._records.num_records} processes or a larger corpus")

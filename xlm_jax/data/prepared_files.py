@@ -40,7 +40,7 @@ import numpy as np
 
 __all__ = ["FORMAT", "MANIFEST", "PLAN", "RECORD_TYPES", "Corpus", "Plan", "ShardCounts",
            "CorpusRecords", "PreparedError", "shard_name", "write_shard", "read_json",
-           "write_json", "exists", "join", "total_bytes_read"]
+           "write_json", "exists"]
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -63,11 +63,6 @@ def _epath(path: str):
     from etils import epath  # pylint: disable=g-import-not-at-top
 
     return epath.Path(path)
-
-
-def join(first: str, *rest: str) -> str:
-    """`first/rest...` for local and remote paths alike."""
-    return "/".join([first.rstrip("/"), *rest])
 
 
 def exists(path: str) -> bool:
@@ -243,15 +238,6 @@ def write_shard(prefix: str, records: Iterable[np.ndarray]) -> tuple[int, int, s
 
 # ----------------------------------------------------------------------------- reading
 
-_TOTAL_LOCK = threading.Lock()
-_TOTAL_READ = [0]
-
-
-def total_bytes_read() -> int:
-    """Bytes every `CorpusRecords` of this process has read (the benchmark reports it)."""
-    return _TOTAL_READ[0]
-
-
 def _read_at(path: str, offset: int, length: int, fd: Optional[int] = None) -> bytes:
     """`length` bytes of `path` at `offset`: `os.pread` on `fd` (thread-safe: no shared file
     offset), or a file object of `etils.epath` for a remote path."""
@@ -311,12 +297,13 @@ class CorpusRecords:
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self.num_records = int(self._starts[-1])
         self._files = _FilePool(open_files)
-        self.bytes_read = 0
+        self._lock = threading.Lock()
+        self.bytes_read = 0  # by `read`, index entries included
         for shard in entry["shards"]:
             self._check(shard)
 
     def _check(self, shard: Mapping[str, Any]) -> None:
-        prefix = join(self.directory, shard["name"])
+        prefix = os.path.join(self.directory, shard["name"])
         for suffix, want in ((".bin", shard["bytes"]), (".idx", 8 * (shard["records"] + 1))):
             path = prefix + suffix
             if not exists(path):
@@ -340,12 +327,11 @@ class CorpusRecords:
         shards = np.searchsorted(self._starts, numbers, side="right") - 1
         out, nbytes = [], 0
         for shard, k in zip(shards.tolist(), (numbers - self._starts[shards]).tolist()):
-            prefix = join(self.directory, self._shards[shard])
+            prefix = os.path.join(self.directory, self._shards[shard])
             start, end = np.frombuffer(self._files.read(prefix + ".idx", 8 * k, 16), "<i8")
             out.append(np.frombuffer(
                 self._files.read(prefix + ".bin", int(start), int(end - start)), "<i4"))
             nbytes += 16 + int(end - start)
-        with _TOTAL_LOCK:
+        with self._lock:
             self.bytes_read += nbytes
-            _TOTAL_READ[0] += nbytes
         return out

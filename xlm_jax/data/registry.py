@@ -128,7 +128,7 @@ def _prepared_root(prepared_dir: Optional[str], task_names: Sequence[str]) -> Op
     if prepared_dir:
         return prepared_dir
     root = prepared.default_dir()
-    return root if root and any(pf.exists(pf.join(root, t)) for t in task_names) else None
+    return root if root and any(pf.exists(os.path.join(root, t)) for t in task_names) else None
 
 
 def _sizes(cache: StatsCache, paths: Sequence[str], vocab: seqio.Vocabulary, what: str,
