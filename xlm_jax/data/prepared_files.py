@@ -23,7 +23,8 @@ our choice over ArrayRecord, docs/scaling.md says why).
 
 `CorpusRecords` reads records by number (two positioned reads each, the index entry and the
 record), checking the shards against the manifest first, and counts the bytes it read.
-TensorFlow-free; `gs://` and other remote paths go through `etils.epath`.
+TensorFlow-free. Files are reached through `etils.epath` (local, `gs://`, ...); only the
+record reads of local files bypass it, for `os.pread`.
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ class PreparedError(ValueError):
 # ----------------------------------------------------------------------------- file system
 
 def _local(path: str) -> bool:
+    """Whether `path` is a local file, which `CorpusRecords` reads with `os.pread`."""
     return "://" not in path
 
 
@@ -66,67 +68,47 @@ def _epath(path: str):
 
 
 def exists(path: str) -> bool:
-    return os.path.exists(path) if _local(path) else _epath(path).exists()
+    return _epath(path).exists()
 
 
 def size(path: str) -> int:
-    return os.path.getsize(path) if _local(path) else _epath(path).stat().length
+    return _epath(path).stat().length
 
 
 def makedirs(path: str) -> None:
-    if _local(path):
-        os.makedirs(path, exist_ok=True)
-    else:
-        _epath(path).mkdir(parents=True, exist_ok=True)
+    _epath(path).mkdir(parents=True, exist_ok=True)
 
 
 def rmtree(path: str) -> None:
     """Deletes the directory `path` and everything under it."""
-    if _local(path):
-        import shutil  # pylint: disable=g-import-not-at-top
-
-        shutil.rmtree(path)
-    else:
-        _epath(path).rmtree()
+    _epath(path).rmtree()
 
 
 def remove_temporaries(directory: str) -> int:
-    """Deletes the `.tmp-*` files a killed writer left under `directory`; returns how many."""
-    if _local(directory):
-        found = [os.path.join(d, n) for d, _, names in os.walk(directory) for n in names
-                 if ".tmp-" in n]
-    else:
-        found = [str(p) for p in _epath(directory).rglob("*.tmp-*")]
+    """Deletes the `.tmp-*` files a killed writer left in a task's `directory` (its plan and
+    manifest) and its members' directories (the shards); returns how many."""
+    root = _epath(directory)
+    found = [*root.glob("*.tmp-*"), *root.glob("*/*.tmp-*")]
     for path in found:
-        remove(path)
+        path.unlink()
     return len(found)
 
 
 def remove(path: str) -> None:
     """Deletes `path` if it is there."""
-    if _local(path):
-        if os.path.exists(path):
-            os.remove(path)
-    elif _epath(path).exists():
-        _epath(path).unlink()
+    _epath(path).unlink(missing_ok=True)
 
 
 def _write_atomic(path: str, data: bytes) -> None:
     """Writes `path` whole or not at all: a temporary name, then a rename (a killed writer
     leaves only a `.tmp-*` file, which nothing reads)."""
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    if _local(path):
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    else:
-        _epath(tmp).write_bytes(data)
-        _epath(tmp).rename(path)
+    tmp = _epath(f"{path}.tmp-{uuid.uuid4().hex}")
+    tmp.write_bytes(data)
+    tmp.replace(path)
 
 
 def read_json(path: str) -> dict[str, Any]:
-    text = open(path, encoding="utf-8").read() if _local(path) else _epath(path).read_text()
-    return json.loads(text)
+    return json.loads(_epath(path).read_text())
 
 
 def write_json(path: str, value: Mapping[str, Any]) -> None:
