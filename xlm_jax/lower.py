@@ -50,7 +50,7 @@ ASSUMED_CUDNN_VERSION = 91000
 
 
 @contextlib.contextmanager
-def _assume_cudnn(platform: str) -> Iterator[None]:
+def assume_cudnn(platform: str) -> Iterator[None]:
     """On a machine without cuDNN, let jax trace cuDNN attention for a CUDA lowering by
     answering its version query with ASSUMED_CUDNN_VERSION (lowering only: nothing runs)."""
     from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
@@ -101,7 +101,9 @@ def square_tensors(text: str, lengths: Sequence[int]) -> dict[str, int]:
     return dict(found)
 
 
-def _check_mesh(mesh: dict[str, int], built_batch: dict[str, int], heads: int) -> None:
+def check_mesh(mesh: dict[str, int], built_batch: dict[str, int], heads: int) -> None:
+    """A one-line LowerError where the mesh's batch axes do not divide an objective's batch
+    or its tensor axis the heads (jax would fail deep inside the partitioner)."""
     batch_ways = mesh["data"] * mesh["fsdp"]
     for name, rows in built_batch.items():
         if rows % batch_ways:
@@ -112,18 +114,16 @@ def _check_mesh(mesh: dict[str, int], built_batch: dict[str, int], heads: int) -
                          f"{heads} heads")
 
 
-def lower(gin_files: Sequence[str], bindings: Sequence[str], platform: str,
-          mesh: dict[str, int], batch_size: int | None, seq_len: int | None,
-          attention_backend: str | None, size: str | None,
-          attention_dropout: float | None = None, width: int | None = None,
-          depth: int | None = None) -> tuple[dict[str, Any], str]:
-    """Lowers the configured step for `platform`; returns (summary, StableHLO text).
-    jax must already have `prod(mesh)` CPU devices."""
+def configure(gin_files: Sequence[str], bindings: Sequence[str], size: str | None = None,
+              attention_backend: str | None = None, attention_dropout: float | None = None,
+              width: int | None = None, depth: int | None = None,
+              remat: str | None = None) -> None:
+    """Parses the run files for a synthetic step (`gin_utils.SYNTHETIC_RUN_MACROS`: no corpus
+    needed) and merges the given model overrides into `loop.model_config.overrides` (the run
+    file's own overrides are kept). Shared by `lower` and `xlm_jax.compile`."""
     import gin
 
-    from xlm_jax import pod_memory
-    from xlm_jax.models import attention_backends
-    from xlm_jax.train import gin_utils, mixture, partitioning
+    from xlm_jax.train import gin_utils
 
     extra = list(gin_utils.SYNTHETIC_RUN_MACROS)
     if size:
@@ -133,23 +133,39 @@ def lower(gin_files: Sequence[str], bindings: Sequence[str], platform: str,
         overrides = dict(gin.query_parameter("loop.model_config.overrides") or {})
     except ValueError:  # the run file binds none
         overrides = {}
-    if attention_backend:
-        overrides["attention_backend"] = attention_backend
     if attention_dropout is not None:
         overrides["attention_dropout_rate"] = attention_dropout
     if width:  # reduced width, same depth: heads of 32 dims, MLP 4x (our choice)
         overrides.update(hidden_size=width, num_heads=width // 32, mlp_dim=4 * width)
     if depth:  # fewer layers of the same kind: every layer lowers alike (our choice)
         overrides["num_layers"] = depth
-    if attention_backend or attention_dropout is not None or width or depth:
-        with gin.unlock_config():
+    with gin.unlock_config():
+        if attention_dropout is not None or width or depth:
             gin.bind_parameter("loop.model_config.overrides", overrides)
+        if attention_backend:  # its own binding: it wins over a run file's `overrides`
+            gin.bind_parameter("loop.model_config.attention_backend", attention_backend)
+        if remat:
+            gin.bind_parameter("loop.model_config.remat", remat)
+
+
+def lower(gin_files: Sequence[str], bindings: Sequence[str], platform: str,
+          mesh: dict[str, int], batch_size: int | None, seq_len: int | None,
+          attention_backend: str | None, size: str | None,
+          attention_dropout: float | None = None, width: int | None = None,
+          depth: int | None = None) -> tuple[dict[str, Any], str]:
+    """Lowers the configured step for `platform`; returns (summary, StableHLO text).
+    jax must already have `prod(mesh)` CPU devices."""
+    from xlm_jax import pod_memory
+    from xlm_jax.models import attention_backends
+    from xlm_jax.train import mixture, partitioning
+
+    configure(gin_files, bindings, size, attention_backend, attention_dropout, width, depth)
     kw = pod_memory.train_bindings()
     model = kw["model"]
     shapes = mixture.resolve(kw["objectives"], batch_size or kw["batch_size"],
                              seq_len or kw["seq_len"])
-    _check_mesh(mesh, {n: s.batch_size for n, s in shapes.items()}, model.num_heads)
-    with attention_backends.lowering_for(platform), _assume_cudnn(platform):
+    check_mesh(mesh, {n: s.batch_size for n, s in shapes.items()}, model.num_heads)
+    with attention_backends.lowering_for(platform), assume_cudnn(platform):
         built = pod_memory.build(mesh, batch_size, seq_len)
         with partitioning.activate(built.mesh, built.rules):
             lowered = built.step_fn.trace(*built.args).lower(lowering_platforms=(platform,))

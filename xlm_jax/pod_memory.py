@@ -198,12 +198,14 @@ class Built:
     parts: Any  # setup.StateParts (abstract state and its shardings)
     step_fn: Any  # the jitted train step
     args: tuple[Any, ...]  # (state, batches, rng) as sharded jax.ShapeDtypeStructs
+    objs: Any = None  # the step's objectives (step.WeightedObjective), for FLOP counts
 
 
 def build(mesh_sizes: Mapping[str, int], batch_size: int | None = None,
-          seq_len: int | None = None) -> Built:
-    """The parsed gin configuration's train step for `mesh_sizes` over all of jax's devices,
-    built by `train.setup`'s functions as `loop.train` builds it, with an abstract state and the
+          seq_len: int | None = None, devices: Sequence[Any] | None = None) -> Built:
+    """The parsed gin configuration's train step for `mesh_sizes` over `devices` (default: all
+    of jax's devices; `xlm_jax.compile` passes compile-only TPU/GPU devices), built by
+    `train.setup`'s functions as `loop.train` builds it, with an abstract state and the
     batches of step 0 (the objectives that run then, synthetic streams of their kinds)."""
     import jax
     import numpy as np
@@ -217,7 +219,8 @@ def build(mesh_sizes: Mapping[str, int], batch_size: int | None = None,
     seq_len = seq_len or kw["seq_len"]
     model, specs = kw["model"], kw["objectives"]
     shapes = mixture.resolve(specs, batch_size, seq_len)
-    mesh = partitioning.make_mesh(partitioning.MeshConfig(**mesh_sizes), jax.devices())
+    mesh = partitioning.make_mesh(partitioning.MeshConfig(**mesh_sizes),
+                                  jax.devices() if devices is None else devices)
     setup.check_batches(shapes, batch_size, kw["accum_steps"], mesh)
     net = Transformer(model)
     # languages=None: no seqio task records a language table for synthetic streams (as train)
@@ -243,7 +246,7 @@ def build(mesh_sizes: Mapping[str, int], batch_size: int | None = None,
     step_fn = setup.jit_train_step(objs, parts, mesh, kw["accum_steps"],
                                   kw["loss_normalization"])
     return Built(mesh, rules, model, {n: shapes[n] for n in batches}, parts, step_fn,
-                 (state, batches, rng))
+                 (state, batches, rng), objs)
 
 
 def measure(built: Built, hlo_out: str | None = None) -> dict[str, Any]:

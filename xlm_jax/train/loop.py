@@ -57,14 +57,18 @@ class TrainResult:
 
 
 def model_config(size: str = "base", overrides: Mapping[str, Any] | None = None,
-                 dtype: str | None = None) -> ModelConfig:
+                 dtype: str | None = None, attention_backend: str | None = None,
+                 remat: str | None = None) -> ModelConfig:
     """gin-friendly `get_config`: a named size plus a dict of field overrides. `dtype` (the
-    compute dtype; parameters keep `param_dtype`) is its own binding so that a command line can
-    change it without restating a run file's whole `overrides` dict
-    (`--gin.loop.model_config.dtype="'float32'"`); it wins over `overrides['dtype']`."""
+    compute dtype; parameters keep `param_dtype`), `attention_backend` and `remat` are
+    bindings of their own so that a command line or a run file's header can set them without
+    restating a run file's whole `overrides` dict (`--gin.loop.model_config.dtype="'float32'"`,
+    `--gin.loop.model_config.remat="'full'"`); each wins over the same key in `overrides`."""
     fields = dict(overrides or {})
-    if dtype is not None:
-        fields["dtype"] = dtype
+    for name, value in (("dtype", dtype), ("attention_backend", attention_backend),
+                        ("remat", remat)):
+        if value is not None:
+            fields[name] = value
     return get_config(size, **fields)
 
 
