@@ -1,23 +1,31 @@
 # Two entry points, each self-sufficient on a fresh machine:
-#   make demo   creates .venv, installs xlm_jax with its data extra, trains on the embedded demo corpus
-#   make test   creates .venv, installs xlm_jax with data+test extras, runs the test suite
+#   make demo   creates .venv, installs xlm_jax, trains on the embedded demo corpus
+#   make test   creates .venv, installs xlm_jax, runs the test suite
+# Both share ONE .venv, the tpu environment (our choice): `.[data,test,gcs,tpu]` installed with
+# the exact pins of constraints/tpu.txt. libtpu is there so that the suite compiles for TPU
+# topologies on the CPU; on a machine without TPU chips the CLIs run on the CPU and say
+# nothing of it (xlm_jax/__init__.py). `make pins` regenerates the pins (docs/environments.md).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 # The CPU build of PyTorch, installed before `transformers` so that pip does not pull the CUDA build.
 TORCH  ?= torch==2.13.0
+PINS   := constraints/tpu.txt
 
-.PHONY: demo test test-slow install clean
+.PHONY: demo test test-slow install pins clean
 
 # pip byte-compiles every file it installs on one core (20,000 files here, over half of the
 # install's time); compileall does the same work on every core. Its exit status is ignored, as
 # pip ignores a file that does not compile (some packages ship Python 2 templates).
-$(VENV)/.installed: setup.py
+# The stamp depends on the pins too, so a moved pin reinstalls; `pip check` then checks the
+# installed environment as a whole.
+$(VENV)/.installed: setup.py $(PINS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q --no-compile "$(TORCH)"
-	$(PIP) install -q --no-compile -e ".[data,test]"
+	$(PIP) install -q --no-compile -c $(PINS) "$(TORCH)"
+	$(PIP) install -q --no-compile -c $(PINS) -e ".[data,test,gcs,tpu]"
+	$(PIP) check
 	$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true
 	touch $@
 
@@ -43,6 +51,13 @@ test: $(VENV)/.installed
 # `make test` skips.
 test-slow: $(VENV)/.installed
 	XLM_JAX_SLOW_TESTS=1 $(PY) -m pytest -q $(XDIST) -m slow
+
+# Regenerates constraints/{cpu,tpu,cuda12}.txt and constraints/metadata.json with pip's
+# dry-run resolver (no install, no large download): PINS_ARGS=--upgrade moves every pin to the
+# newest release that resolves, PINS_ARGS='--upgrade NAME ...' only those. Then `make test`.
+PINS_ARGS ?=
+pins:
+	$(PYTHON) constraints/generate.py $(PINS_ARGS)
 
 clean:
 	rm -rf $(VENV) demo_output

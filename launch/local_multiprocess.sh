@@ -16,7 +16,8 @@
 #
 # Every process runs   $LAUNCH_CMD [trainer flags...] --coordinator_address=127.0.0.1:PORT
 #                      --num_processes=N --process_id=I
-# with LAUNCH_CMD defaulting to "${PYTHON:-python3} -m xlm_jax.train" (override it to run
+# with LAUNCH_CMD defaulting to "${PYTHON:-python3} -m xlm_jax.train" (PYTHON=.venv/bin/python:
+# the environment `make install` builds with constraints/tpu.txt; override LAUNCH_CMD to run
 # another program with the same three flags). Output of process I goes to LOG_DIR/process_I.log.
 # The script waits for all processes; as soon as one fails the others are stopped (a dead peer
 # leaves the rest blocked in a collective forever) and the script exits with the first

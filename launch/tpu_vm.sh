@@ -27,14 +27,17 @@
 # $PYTHON_VERSION) creates ~/$REMOTE_DIR/.venv with a CPython 3.11 that uv downloads (a
 # python-build-standalone build) when the image has none. ASSUMES the workers reach the
 # internet (PyPI, and GitHub where uv fetches its Pythons), as installing JAX needs anyway.
-# JAX and this package are installed into that environment with `uv pip`, and `run` starts
-# the trainer with its python, never with python3.
+# This package and its dependencies (`.[data,gcs,tpu]`: JAX with libtpu, seqio/TensorFlow for
+# the input pipeline, gcsfs) are installed into that environment with `uv pip`, with the exact
+# pins of $PINS (default constraints/tpu.txt, the environment the test suite runs in; PINS=
+# installs the newest releases instead), and `run` starts the trainer with its python, never
+# with python3.
 set -euo pipefail
 
 : "${TPU_NAME:?set TPU_NAME to the TPU VM name}"
 : "${ZONE:?set ZONE to the TPU zone, e.g. us-central2-b}"
 REMOTE_DIR="${REMOTE_DIR:-xlm_jax}"           # checkout location on each worker (under ~)
-JAX_TPU_SPEC="${JAX_TPU_SPEC:-jax[tpu]}"      # pip spec for JAX with the TPU runtime
+PINS="${PINS-constraints/tpu.txt}"            # constraint file of the install (empty: none)
 PYTHON_VERSION="${PYTHON_VERSION:-3.11}"      # the workers' Python (>= 3.11: setup.py)
 UV_SPEC="${UV_SPEC:-uv}"                      # pip spec for uv (our choice: the latest)
 LOG_FILE="${LOG_FILE:-xlm_jax_train.log}"     # per-worker log (under ~)
@@ -74,13 +77,13 @@ case "$cmd" in
     run rm -f "$archive"
     # 2) Unpack on every worker; install uv with the system python3 (its only use), create the
     #    Python $PYTHON_VERSION environment ~/$REMOTE_DIR/.venv (kept when setup runs again) and
-    #    install into it JAX with the TPU runtime, then this package with the data extra
-    #    (seqio/TensorFlow for the input pipeline); check that it imports both.
+    #    install into it this package with JAX and the TPU runtime, the data extra
+    #    (seqio/TensorFlow for the input pipeline) and gcsfs, at the pins of $PINS (a file of
+    #    the copied checkout); check that it imports both.
     on_workers all "set -e; mkdir -p ~/$REMOTE_DIR && tar xzf ~/xlm_jax_src.tar.gz -C ~/$REMOTE_DIR \
       && cd ~/$REMOTE_DIR && python3 -m pip install -q --user --no-warn-script-location -U '$UV_SPEC' \
       && $UV venv -q --allow-existing --python '$PYTHON_VERSION' .venv \
-      && $UV pip install -q --python $VENV_PYTHON -U '$JAX_TPU_SPEC' \
-      && $UV pip install -q --python $VENV_PYTHON -e '.[data]' \
+      && $UV pip install -q --python $VENV_PYTHON ${PINS:+-c '$PINS' }-e '.[data,gcs,tpu]' \
       && $VENV_PYTHON -c 'import platform, jax, xlm_jax; print(\"python\", platform.python_version(), \"jax\", jax.__version__, \"process\", jax.process_index(), \"devices\", jax.local_device_count(), jax.device_count())'"
     ;;
   run)
@@ -104,7 +107,7 @@ case "$cmd" in
     on_workers all "if [ -f ~/$PID_FILE ]; then kill \$(cat ~/$PID_FILE) 2>/dev/null && echo \"\$(hostname): stopped\"; rm -f ~/$PID_FILE; fi"
     ;;
   *)
-    sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

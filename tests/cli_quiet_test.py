@@ -52,3 +52,22 @@ def test_debug_keeps_the_noise(tmp_path):
     loud = _run(INSPECT, tmp_path, XLM_JAX_DEBUG="1")
     assert loud.returncode == 0, loud.stderr[-3000:]
     assert "absl::InitializeLog" in loud.stderr, loud.stderr[-3000:]
+
+
+def test_jax_is_kept_on_the_cpu_only_where_it_would_end_there(monkeypatch):
+    """With libtpu installed (the suite's environment) and no TPU chip, importing xlm_jax sets
+    JAX_PLATFORMS=cpu (libtpu's failed start would print five lines on every CLI's stderr);
+    a JAX_PLATFORMS or JAX_FORCE_TPU_INIT the user set wins."""
+    import importlib.util
+
+    import xlm_jax
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.delenv("JAX_FORCE_TPU_INIT", raising=False)
+    has_libtpu = importlib.util.find_spec("libtpu") is not None
+    assert xlm_jax._cpu_without_accelerators() == has_libtpu
+    assert os.environ.get("JAX_PLATFORMS") == ("cpu" if has_libtpu else None)
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    assert not xlm_jax._cpu_without_accelerators() and os.environ["JAX_PLATFORMS"] == "tpu"
+    monkeypatch.delenv("JAX_PLATFORMS")
+    monkeypatch.setenv("JAX_FORCE_TPU_INIT", "1")
+    assert not xlm_jax._cpu_without_accelerators() and "JAX_PLATFORMS" not in os.environ

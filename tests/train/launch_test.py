@@ -148,8 +148,15 @@ def test_tpu_vm_dry_run():
     install = next(a for a in steps[3] if a.startswith("--command="))
     assert "python3 -m pip install -q --user --no-warn-script-location -U 'uv'" in install
     assert "uv venv -q --allow-existing --python '3.11' .venv" in install
-    assert "pip install -q --python .venv/bin/python -U 'jax[tpu]'" in install
-    assert "pip install -q --python .venv/bin/python -e '.[data]'" in install
+    # one install, at the pins of the environment the suite runs in (constraints/tpu.txt)
+    assert ("pip install -q --python .venv/bin/python -c 'constraints/tpu.txt' "
+            "-e '.[data,gcs,tpu]'") in install
+    assert "jax[tpu]" not in install
+    res = subprocess.run(["bash", os.path.join(LAUNCH, "tpu_vm.sh"), "setup"], capture_output=True,
+                         text=True, cwd=REPO_ROOT, env=dict(env, PINS=""), timeout=60)
+    unpinned = next(a for a in shlex.split(res.stdout.splitlines()[-1][2:])
+                    if a.startswith("--command="))
+    assert "pip install -q --python .venv/bin/python -e '.[data,gcs,tpu]'" in unpinned
     res = subprocess.run(["bash", os.path.join(LAUNCH, "tpu_vm.sh"), "run"], capture_output=True,
                          text=True, env=_clean_env(DRY_RUN="1"), timeout=60)
     assert res.returncode != 0 and "TPU_NAME" in res.stderr
@@ -221,8 +228,9 @@ elif args[:3] != ["-m", "pip", "install"]:  # -c CODE, -m MODULE: xlm_jax is not
 # uv, as `pip install --user uv` leaves it. `venv --python 3.11 DIR` creates DIR with the
 # Python running these tests (>= 3.11, standing in for the one uv would download); `pip install
 # --python PY` asks PY its version, failing unless it is >= 3.11, and installs into its
-# site-packages: `-e DIR` as a path entry (an editable install), anything else as the
-# site-packages of the Python running these tests (where jax and the other dependencies are).
+# site-packages: `-e DIR` as a path entry (an editable install), its dependencies as the
+# site-packages of the Python running these tests (where jax and the others are); a `-c FILE`
+# must exist, as uv refuses a missing constraint file.
 _FAKE_UV = _RECORDER + """
 import subprocess, sysconfig
 args = sys.argv[1:]
@@ -244,12 +252,13 @@ else:
     site = subprocess.run([python, "-c", "import sysconfig; "
                            "print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
+    if "-c" in args and not os.path.isfile(opt("-c")):
+        sys.exit(f"error: File not found: `{opt('-c')}`")
     if "-e" in args:
         with open(os.path.join(site, "_xlm_jax_editable.pth"), "w") as f:
             f.write(os.path.abspath(opt("-e").split("[")[0]) + "\\n")
-    else:
-        with open(os.path.join(site, "_dependencies.pth"), "w") as f:
-            f.write(sysconfig.get_paths()["purelib"] + "\\n")
+    with open(os.path.join(site, "_dependencies.pth"), "w") as f:
+        f.write(sysconfig.get_paths()["purelib"] + "\\n")
 """
 
 
@@ -327,7 +336,8 @@ def _tpu_worker(tmp_path, script=os.path.join(LAUNCH, "tpu_vm.sh")):
                      TMPDIR=str(tmp_path))
     del env["PYTHONPATH"]  # the worker imports xlm_jax from its own copy, or not at all
     checkout = tmp_path / "checkout"
-    for rel in ("xlm_jax/train.py", "setup.py", ".git/HEAD", ".venv/x", "m.pyc"):
+    for rel in ("xlm_jax/train.py", "setup.py", "constraints/tpu.txt", ".git/HEAD", ".venv/x",
+                "m.pyc"):
         (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
         (checkout / rel).write_text(rel)
     shutil.copy(os.path.join(REPO_ROOT, "xlm_jax", "__init__.py"), checkout / "xlm_jax")
@@ -370,7 +380,7 @@ def test_tpu_vm_setup_on_a_python_3_10_image_and_logs(tmp_path):
     # the checkout arrived without .git, .venv and *.pyc; the local archive was removed
     got = sorted(str(p.relative_to(home / "xlm_jax")) for p in (home / "xlm_jax").rglob("*")
                  if p.is_file() and ".venv" not in p.parts and "__pycache__" not in p.parts)
-    assert got == ["setup.py", "xlm_jax/__init__.py", "xlm_jax/train.py"]
+    assert got == ["constraints/tpu.txt", "setup.py", "xlm_jax/__init__.py", "xlm_jax/train.py"]
     assert not (home / "xlm_jax" / ".venv" / "x").exists()
     assert not list(tmp_path.glob("xlm_jax_src.*"))
     (system_python,) = _records(record, "python3")
@@ -379,8 +389,8 @@ def test_tpu_vm_setup_on_a_python_3_10_image_and_logs(tmp_path):
     uv = _records(record, "uv")
     assert [r["argv"] for r in uv] == [
         ["venv", "-q", "--allow-existing", "--python", "3.11", ".venv"],
-        ["pip", "install", "-q", "--python", ".venv/bin/python", "-U", "jax[tpu]"],
-        ["pip", "install", "-q", "--python", ".venv/bin/python", "-e", ".[data]"]]
+        ["pip", "install", "-q", "--python", ".venv/bin/python", "-c", "constraints/tpu.txt",
+         "-e", ".[data,gcs,tpu]"]]
     assert {r["cwd"] for r in uv + [system_python]} == {str(home / "xlm_jax")}
     gcloud = [r["argv"] for r in _records(record, "gcloud")]
     assert [a[3] for a in gcloud] == ["scp", "ssh"]

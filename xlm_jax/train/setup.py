@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.metadata
+import logging
 import os
 import subprocess
 import sys
@@ -35,6 +37,12 @@ from xlm_jax.train import partitioning
 from xlm_jax.train import step as step_lib
 from xlm_jax.train.resume import ResumeInfo
 
+logger = logging.getLogger(__name__)
+# The distributions whose release decides a run's numerics (XLA's compiler and the device
+# runtime): a run that resumes or reproduces another under other versions of them is warned.
+# libtpu and the CUDA plugin are recorded as None where absent (a CPU run).
+RUNTIME_DISTRIBUTIONS = ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin")
+
 
 @dataclasses.dataclass(frozen=True)
 class ObjectiveSpec:
@@ -54,6 +62,14 @@ class ObjectiveSpec:
     offset: int = 0
 
 
+def _distribution_version(name: str) -> str | None:
+    """The installed version of distribution `name`, None when it is not installed."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _run_info() -> dict[str, Any]:
     versions = {}
     for mod in ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "numpy"):
@@ -61,6 +77,8 @@ def _run_info() -> dict[str, Any]:
             versions[mod] = __import__(mod, fromlist=["_"]).__version__
         except Exception:  # noqa: BLE001 - informational only
             versions[mod] = None
+    for dist in RUNTIME_DISTRIBUTIONS[2:]:  # read from metadata: importing them starts nothing
+        versions[dist] = _distribution_version(dist)
     try:
         here = os.path.dirname(os.path.abspath(__file__))
         commit = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True,
@@ -72,14 +90,45 @@ def _run_info() -> dict[str, Any]:
             "device_count": jax.device_count()}
 
 
+def version_drift(previous: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
+    """The WARNING line for a run whose `RUNTIME_DISTRIBUTIONS` differ from those of the
+    run_info.json already in its model_dir (`previous`), naming each such distribution with
+    both versions; None when none differs. A distribution the old file did not record (files
+    written before it was) is not compared."""
+    old, new = previous.get("versions") or {}, current.get("versions") or {}
+    names = [n for n in RUNTIME_DISTRIBUTIONS if n in old and old[n] != new.get(n)]
+    if not names:
+        return None
+    was = ", ".join(f"{n} {old[n]}" for n in names)
+    now = ", ".join(f"{n} {new.get(n)}" for n in names)
+    return f"run_info.json was written with {was}; this process has {now}: numerics may differ"
+
+
+def write_run_info(model_dir: str, info: Mapping[str, Any]) -> None:
+    """Writes `info` as the model_dir's run_info.json, first logging `version_drift` (once, at
+    WARNING) against the file already there: a resumed or reproduced run on another JAX or
+    device runtime may not reproduce the earlier numbers."""
+    path = md.resolve(model_dir) / md.RUN_INFO
+    if path.exists():
+        try:
+            previous = md.read_json(path)
+        except ValueError:  # a torn or hand-edited file: nothing to compare with
+            previous = {}
+        message = version_drift(previous if isinstance(previous, dict) else {}, info)
+        if message:
+            logger.warning(message)
+    md.write_run_info(model_dir, dict(info))
+
+
 def write_model_files(model_dir: str, cfg: ModelConfig, spm_model: str | None,
                        languages: Sequence[str] | None) -> None:
-    """The files that make `model_dir` loadable by `load_encoder`: config, run info, the
+    """The files that make `model_dir` loadable by `load_encoder`: config, run info (warning
+    when the JAX or device runtime versions moved since the last run wrote it), the
     SentencePiece model and the `lang_ids` table (`languages.txt`, one code per line)."""
     if languages:
         md.write_languages(model_dir, languages)
     md.write_config(model_dir, cfg)
-    md.write_run_info(model_dir, _run_info())
+    write_run_info(model_dir, _run_info())
     md.copy_spm(spm_model, model_dir)
 
 
