@@ -10,8 +10,13 @@ state), from an abstract state (`jax.eval_shape` of the init function) and abstr
 the synthetic streams' shapes, and compiles the step for `--devices` host devices
 (`--xla_force_host_platform_device_count`). It reports per device XLA's memory analysis
 (arguments, outputs, aliased = donated, temporaries, generated code), the parameter and
-optimiser state bytes computed from the shardings alone, whether the total fits 16 GiB (TPU
-v4), 95 GiB (TPU v5p) and 80 GiB (H100), and the compiled HLO's collectives by kind.
+optimiser state bytes computed from the shardings alone, whether the total fits each chip's
+memory (`CAPACITIES_GIB`), and the compiled HLO's collectives by kind.
+
+With `--target v5p:4x4x4` (or any target `python -m xlm_jax.compile` takes) it is a view of
+that tool's report instead: the same step compiled by the target's own compiler on
+compile-only devices, where libtpu (TPU) or the CUDA plugin (GPU) is installed. Without
+`--target` the devices are fake CPU devices, as below, and the report's first line says so.
 
 This only simulates a pod: the devices are CPU devices and the program is XLA:CPU's. The SPMD
 partitioner, and so each array's sharding and the collectives it needs, is the accelerators'
@@ -48,7 +53,13 @@ from typing import Any
 from xlm_jax import cli_help
 
 GIB = 2**30
-CAPACITIES_GIB = {"TPU v4 (16 GiB)": 16, "TPU v5p (95 GiB)": 95, "H100 (80 GiB)": 80}
+# What one jax device may hold, as XLA:TPU states its limit for each chip (libtpu 0.0.42.1:
+# a v4 chip in megacore mode, one jax device, has 32 GiB of which XLA:TPU allows 30.75; see
+# xlm_jax.compile.targets) and, for H100, its 80 GB at the 0.9 share our launch scripts give
+# jax's allocator (XLA_PYTHON_CLIENT_MEM_FRACTION).
+CAPACITIES_GIB = {"TPU v4 (30.75 GiB usable of 32)": 30.75, "TPU v5e (15.75 of 16)": 15.75,
+                  "TPU v5p (95.74 of 95)": 95.74, "TPU v6e (31.25 of 32)": 31.25,
+                  "H100 (0.9 x 80 GB)": 0.9 * 80e9 / GIB}
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 _ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
              "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
@@ -330,6 +341,15 @@ def _setup_devices(devices: int) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def _runtime_installed() -> bool:
+    """Whether libtpu or the CUDA plugin is installed (then --target can compile for real)."""
+    import importlib.util
+
+    from xlm_jax.compile import targets
+
+    return importlib.util.find_spec("libtpu") is not None or targets.cuda_plugin_installed()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The CLI (see the module docstring); returns the exit status."""
     from xlm_jax.train import cli
@@ -349,11 +369,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--size", default=None, help="model size override (loop.model_config.size)")
     p.add_argument("--json", default=None, help="also write the report as JSON here")
     p.add_argument("--hlo", default=None, help="save the compiled HLO text here")
+    p.add_argument("--target", default=None, help="compile for this TPU slice or GPU node "
+                   "instead (v5p:4x4x4, h100:1x1x8, ...): the report of `python -m "
+                   "xlm_jax.compile`, whose flags --mesh/--batch_size/--seq_len/--size/--json "
+                   "this passes on (--devices is the target's)")
     argv = list(sys.argv[1:] if argv is None else argv)
     from xlm_jax.train.gin_utils import rewrite_gin_args
 
     args = p.parse_args(rewrite_gin_args(argv))  # --gin.NAME=VALUE -> --gin_bindings
     bindings = list(args.gin_bindings)
+    if args.target:  # the same report, by the target's own compiler on compile-only devices
+        from xlm_jax.compile import __main__ as compile_cli
+
+        passed = [f"--gin_file={f}" for f in args.gin_file]
+        passed += [f"--gin_bindings={b}" for b in bindings] + ["--target", args.target]
+        for flag in ("batch_size", "seq_len", "size", "json"):
+            if getattr(args, flag) is not None:
+                passed += [f"--{flag}", str(getattr(args, flag))]
+        if "--mesh" in " ".join(argv):
+            passed += ["--mesh", args.mesh]
+        return compile_cli.main(passed)
     _setup_devices(args.devices)
     from xlm_jax.train import partitioning
 
@@ -385,6 +420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cli.run_reporting(run):
         return 1
     report = reports[0]
+    print(f"fake CPU devices ({args.devices}): XLA:CPU's program with the accelerators' "
+          "sharding; --target compiles with the target's own compiler"
+          + (" (its runtime is installed here)" if _runtime_installed() else ""))
     print(format_report(report))
     if args.json:
         with open(args.json, "w") as f:

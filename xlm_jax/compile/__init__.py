@@ -19,9 +19,10 @@ not installed (one line naming the flag, the value and the reason, before anythi
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from xlm_jax.compile import report as report_lib
@@ -105,14 +106,17 @@ def compile_run(gin_files: Sequence[str], bindings: Sequence[str], target: targe
                              max(rows) // batch_ways)
     out["first_knob"] = report_lib.first_knob(knobs)
     try:
-        compiled = lowered.compile()
+        with _no_persistent_cache():  # compile-only executables cannot be cached or loaded
+            compiled = lowered.compile()
     except Exception as e:  # noqa: BLE001 - the compiler's verdict is the report
         t2 = time.perf_counter()
         out["compile_seconds"] = {"lower": round(t1 - t0, 1), "compile": round(t2 - t1, 1)}
         message = " ".join(str(e).split())
         oom = report_lib.out_of_memory(message)
-        if oom:  # XLA:TPU refused it for HBM: report it as a step that does not fit
+        if oom:  # XLA:TPU refused it for HBM: report it as a step that does not fit (the
+            # figure XLA states: all it needs, or its temporaries alone, so at least that)
             out["memory_per_device_bytes"] = {"total": oom[0]}
+            out["compiler_refused"] = message[:400]
             out["device_memory_bytes"] = oom[1]
             out["fits"] = False
         else:
@@ -135,6 +139,25 @@ def compile_run(gin_files: Sequence[str], bindings: Sequence[str], target: targe
     if collectives:  # the compiled HLO's text: minutes for a base model, so printed last
         out["collectives"] = pod_memory.collectives(compiled.as_text())
     return out
+
+
+@contextlib.contextmanager
+def _no_persistent_cache() -> Iterator[None]:
+    """jax's persistent compilation cache off for one compile (restored after): an executable
+    for compile-only devices cannot be deserialised, and jax would warn on every lookup. jax
+    decides once per process whether the cache is used, so the decision is reset on both
+    sides (`reset_cache`, jax's public hook for it)."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
+        compilation_cache.reset_cache()
 
 
 def _argument_bytes(args: Any, compiled: Any) -> int:

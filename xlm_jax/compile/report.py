@@ -10,9 +10,11 @@ from typing import Any
 
 GIB = 2**30
 MEMORY_KEYS = ("argument", "output", "alias", "temp", "generated_code")
-# XLA:TPU's out-of-memory message, e.g. "Ran out of memory in memory space hbm. Used 21.88G of
-# 15.75G hbm. Exceeded hbm capacity by 6.13G."
-_OOM = re.compile(r"Used ([0-9.]+)([KMGT]) of ([0-9.]+)([KMGT]) hbm")
+# XLA:TPU's out-of-memory messages: "Ran out of memory in memory space hbm. Used 21.88G of
+# 15.75G hbm. Exceeded hbm capacity by 6.13G." and "Ran out of memory on HBM, the total memory
+# required for HLO temporaries (76.39G) exceeds available HBM (15.75G)."
+_OOM = (re.compile(r"Used ([0-9.]+)([KMGT]) of ([0-9.]+)([KMGT]) hbm"),
+        re.compile(r"\(([0-9.]+)([KMGT])\) exceeds available HBM \(([0-9.]+)([KMGT])\)"))
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -49,7 +51,7 @@ def padded_bytes(shape: tuple[int, ...], itemsize: int, layout: Any) -> int:
 
 def out_of_memory(message: str) -> tuple[int, int] | None:
     """(bytes needed, bytes available) from XLA:TPU's out-of-memory compile error, or None."""
-    found = _OOM.search(message)
+    found = next(filter(None, (p.search(message) for p in _OOM)), None)
     if not found:
         return None
     return (int(float(found[1]) * _UNITS[found[2]]), int(float(found[3]) * _UNITS[found[4]]))

@@ -103,18 +103,21 @@ def runtime_missing(target: Target) -> str | None:
             return ("libtpu is not installed: `pip install -e '.[tpu]' -c constraints/tpu.txt` "
                     "(compile-only TPU devices need it, no TPU)")
         return None
-    found = False
-    try:
-        found = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-    except ModuleNotFoundError:
-        found = False
-    if not found:
+    if not cuda_plugin_installed():
         import jax
 
         return ("the CUDA plugin is not installed: `pip install jax-cuda12-plugin=="
                 f"{jax.__version__}` (compile-only GPUs need only the plugin, no CUDA "
                 "libraries), or the `gpu` extra")
     return None
+
+
+def cuda_plugin_installed() -> bool:
+    """Whether jax's CUDA 12 plugin (`jax_plugins.xla_cuda12`) is importable here."""
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins namespace at all
+        return False
 
 
 def gpu_description(card: str) -> str:

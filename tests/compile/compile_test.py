@@ -1,0 +1,136 @@
+"""`xlm_jax.compile`: the trainer's step compiled for TPU topologies on this CPU host.
+
+The test environment is the `tpu` one (constraints/tpu.txt): libtpu is installed, so
+`jax.experimental.topologies` gives compile-only TPU devices and XLA:TPU really compiles (its
+Mosaic passes on the fused attention kernels, its memory scheduling, its HBM check). One
+reduced run file per objective family (the run file's own objectives and settings at the
+`tiny` width, one layer, pallas attention, 8 x 128) compiles for v5e:2x2; the memory report
+is held against the step's own shapes: XLA's `argument` bytes must equal the state, batch and
+rng shards the tool computed from the shardings, padded to the executable's TPU tiles. A
+deliberately oversized batch must not fit (exit 1, one line with the shortfall and the first
+knob). GPU compilation needs the CUDA plugin, which `make test` does not install: those
+tests run where it is installed (`make test-slow` installs it).
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import gin
+import pytest
+
+from xlm_jax import compile as tool
+from xlm_jax.compile import __main__ as cli
+from xlm_jax.compile import targets
+
+TPU = targets.parse_target("v5e:2x2")
+# (run file, extra bindings that keep a one-layer model valid)
+FAMILIES = [
+    ("runs/xlmr_base_mmlm.gin", []),
+    ("runs/xlme_base.gin", ["GENERATOR_LAYERS = 1"]),
+    ("runs/infoxlm_base.gin", ["XLCO_LAYER = 1"]),
+    ("runs/ernie_m_base.gin", []),
+    ("runs/veco_small.gin", []),
+]
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                reason="libtpu is not installed (the tpu environment has it)")
+
+
+@pytest.fixture(autouse=True)
+def _environment():
+    targets.prepare_environment(TPU)  # libtpu quiet; jax itself stays on the CPU
+    yield
+    gin.clear_config()
+
+
+def _compile(run_file: str, bindings: list[str], target=TPU, **kw):
+    return tool.compile_run([run_file], bindings, target, None, kw.pop("batch_size", 8),
+                            kw.pop("seq_len", 128), size="tiny", depth=1,
+                            attention_backend="pallas", collectives=False, **kw)
+
+
+@pytest.mark.parametrize("run_file,bindings", FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_reduced_step_compiles_for_tpu_and_its_arguments_match_its_shapes(run_file, bindings):
+    r = _compile(run_file, bindings)
+    assert r["fits"] and not r.get("error"), r
+    assert r["device_kind"] == "TPU v5 lite" and r["devices"] == 4
+    assert r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}  # the tool's default: fsdp
+    mem = r["memory_per_device_bytes"]
+    assert mem["argument"] == r["argument_bytes_from_shapes"]
+    # the state alone, unpadded, is a lower bound of the (tile-padded) arguments
+    assert r["state_per_device_bytes"]["total"] <= mem["argument"]
+    assert mem["alias"] > 0  # the donated state is aliased to the new state
+    assert mem["total"] == (mem["argument"] + mem["output"] - mem["alias"] + mem["temp"]
+                            + mem["generated_code"])
+    # the fused attention is in the compiled step: Mosaic TPU kernel calls
+    assert r["custom_calls"].get("tpu_custom_call", 0) > 0, r["custom_calls"]
+    assert r["device_memory_bytes"] == int(15.75 * 2**30)  # v5e's HBM as XLA:TPU states it
+    assert r["flops_per_device"]["xla"] > 0 and r["flops_per_device"]["ours"] > 0
+
+
+def test_mmlm_kernel_calls_are_one_forward_and_two_backward_per_layer():
+    r = _compile("runs/xlmr_base_mmlm.gin", [])
+    assert r["custom_calls"] == {"tpu_custom_call": 3}
+
+
+def test_an_oversized_batch_does_not_fit_and_names_the_shortfall(capsys):
+    code = cli.main(["--gin_file=runs/xlmr_base_mmlm.gin", "--target", "v5e:2x2", "--size",
+                     "tiny", "--depth", "1", "--batch_size", "65536", "--seq_len", "256",
+                     "--no_collectives"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert len(err) == 1, err
+    assert "does not fit" in err[0] and "GiB available" in err[0] and "over)" in err[0]
+    assert "first knob: rematerialise every layer (--remat full" in err[0]
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--target", "v9z:2x2"], "--target 'v9z:2x2': unknown chip 'v9z'"),
+    (["--target", "v5e"], "--target 'v5e': expected CHIP:TOPOLOGY"),
+    (["--target", "v5e:2x2", "--mesh", "data=3"], "--mesh 'data=3': 3 devices do not divide "
+     "the 4 of v5e:2x2"),
+    (["--target", "v5e:2x2", "--mesh", "data=4", "--batch_size", "6"],
+     "4 batch shards do not divide objective mmlm's batch of 6"),
+    (["--target", "v5e:2x2", "--mesh", "tensor=4", "--size", "tiny", "--depth", "1",
+      "--width_is_not_a_flag"], "unrecognized arguments: --width_is_not_a_flag"),
+    (["--target", "v5e:3x3"], "--target 'v5e:3x3': the tpu runtime cannot build this "
+     "topology"),
+    (["--target", "v5e:2x2", "--remat", "some"], "--remat 'some': expected one of"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, expected, capsys):
+    with pytest.raises(SystemExit) if "not_a_flag" in argv[-1] else _no_raise() as caught:
+        code = cli.main(["--gin_file=runs/xlmr_base_mmlm.gin", "--size", "tiny", "--depth", "1",
+                         *argv])
+    code = caught.value.code if caught else code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err
+    assert len(err) == 1 and expected in err[0], err
+
+
+def test_tensor_axis_that_does_not_divide_the_heads_is_refused(capsys):
+    code = cli.main(["--gin_file=runs/xlmr_base_mmlm.gin", "--target", "v5p:2x2x2", "--mesh",
+                     "data=1,tensor=8", "--size", "tiny", "--depth", "1", "--batch_size", "8"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "--mesh tensor=8 does not divide the model's 4 heads" in err[0]
+
+
+@pytest.mark.skipif(targets.cuda_plugin_installed(),
+                    reason="the CUDA plugin is installed here")
+def test_a_gpu_target_without_the_cuda_plugin_names_what_to_install(capsys):
+    code = cli.main(["--gin_file=runs/xlmr_base_mmlm.gin", "--target", "h100:1x1x4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "the CUDA plugin is not installed: `pip install jax-cuda12-plugin==" in err[0]
+
+
+class _no_raise:
+    """A context manager standing in for pytest.raises where nothing is raised."""
+
+    value = None
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
