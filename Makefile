@@ -13,7 +13,7 @@ PIP    := $(PY) -m pip
 TORCH  ?= torch==2.13.0
 PINS   := constraints/tpu.txt
 
-.PHONY: demo test test-slow install pins clean
+.PHONY: demo test test-slow install pins compile-runs clean
 
 # pip byte-compiles every file it installs on one core (20,000 files here, over half of the
 # install's time); compileall does the same work on every core. Its exit status is ignored, as
@@ -47,10 +47,25 @@ XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(XDIST) --durations=15
 
-# Only the tests marked slow (base-size shapes, training from an installed wheel), which
-# `make test` skips.
-test-slow: $(VENV)/.installed
-	XLM_JAX_SLOW_TESTS=1 $(PY) -m pytest -q $(XDIST) -m slow
+# The CUDA plugin alone (jax-cuda12-plugin + jax-cuda12-pjrt at the cuda12 pins: 180 MB, no
+# CUDA libraries, no libcuda) gives compile-only GPUs to `python -m xlm_jax.compile --target
+# h100:1x1x8`. It lives beside .venv, not in it (a plugin in .venv makes every jax process look
+# for a GPU), and goes on PYTHONPATH where wanted: PYTHONPATH=$(CUDA_COMPILE).
+CUDA_COMPILE := $(VENV)/cuda_compile
+$(CUDA_COMPILE)/.installed: constraints/cuda12.txt $(VENV)/.installed
+	$(PIP) install -q --no-deps --target $(CUDA_COMPILE) \
+	  $$(grep -E '^jax-cuda12-(plugin|pjrt)==' constraints/cuda12.txt)
+	touch $@
+
+# Only the tests marked slow (base-size shapes, training from an installed wheel, compiling
+# for GPU nodes with the CUDA plugin), which `make test` skips.
+test-slow: $(VENV)/.installed $(CUDA_COMPILE)/.installed
+	XLM_JAX_SLOW_TESTS=1 XLM_JAX_CUDA_COMPILE=$(CUDA_COMPILE) $(PY) -m pytest -q $(XDIST) -m slow
+
+# Every run file compiled for the target its header names, at its own batch and length
+# (docs/performance.md, "Compiled for the targets", has the table and the wall time).
+compile-runs: $(VENV)/.installed
+	$(PY) -m xlm_jax.compile.run_table --jobs 2 --out compile_runs.md
 
 # Regenerates constraints/{cpu,tpu,cuda12}.txt and constraints/metadata.json with pip's
 # dry-run resolver (no install, no large download): PINS_ARGS=--upgrade moves every pin to the

@@ -54,7 +54,9 @@ def test_reduced_step_compiles_for_tpu_and_its_arguments_match_its_shapes(run_fi
     r = _compile(run_file, bindings)
     assert r["fits"] and not r.get("error"), r
     assert r["device_kind"] == "TPU v5 lite" and r["devices"] == 4
-    assert r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}  # the tool's default: fsdp
+    # the run file's own mesh (data parallel over every device) on the target's devices
+    assert r["mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}
+    assert r["mesh_source"] == "the run file's loop.train.mesh"
     mem = r["memory_per_device_bytes"]
     assert mem["argument"] == r["argument_bytes_from_shapes"]
     # the state alone, unpadded, is a lower bound of the (tile-padded) arguments
@@ -71,6 +73,16 @@ def test_reduced_step_compiles_for_tpu_and_its_arguments_match_its_shapes(run_fi
 def test_mmlm_kernel_calls_are_one_forward_and_two_backward_per_layer():
     r = _compile("runs/xlmr_base_mmlm.gin", [])
     assert r["custom_calls"] == {"tpu_custom_call": 3}
+
+
+def test_a_run_file_mesh_that_cannot_split_the_batch_gives_way_to_the_tools_choice():
+    # 8 devices, batch 4: the run file's data=-1 would need 8 batch shards
+    mesh, source = tool._run_file_mesh(_mesh_config(), 8, {"mmlm": _Shape(4)}, heads=4)
+    assert mesh == {"data": 1, "fsdp": 4, "tensor": 2}
+    assert source.startswith("chosen by the tool") and "do not divide" in source
+    assert tool.default_mesh(8, [16, 8], heads=12) == {"data": 1, "fsdp": 8, "tensor": 1}
+    with pytest.raises(targets.TargetError, match="give --mesh"):
+        tool.default_mesh(8, [4], heads=3)
 
 
 def test_an_oversized_batch_does_not_fit_and_names_the_shortfall(capsys):
@@ -122,6 +134,17 @@ def test_a_gpu_target_without_the_cuda_plugin_names_what_to_install(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert "the CUDA plugin is not installed: `pip install jax-cuda12-plugin==" in err[0]
+
+
+def _mesh_config():
+    from xlm_jax.train import partitioning
+
+    return partitioning.MeshConfig()
+
+
+class _Shape:
+    def __init__(self, batch_size):
+        self.batch_size = batch_size
 
 
 class _no_raise:

@@ -70,9 +70,10 @@ def compile_run(gin_files: Sequence[str], bindings: Sequence[str], target: targe
     shapes = mixture.resolve(kw["objectives"], batch_size, seq_len)
     rows = [s.batch_size for s in shapes.values()]
     devs = targets_lib.devices(target)
-    chosen = mesh is None
-    mesh = (default_mesh(len(devs), rows, model.num_heads) if chosen
-            else partitioning.MeshConfig(**mesh).resolve(len(devs)))
+    if mesh is not None:
+        mesh, source = partitioning.MeshConfig(**mesh).resolve(len(devs)), "--mesh"
+    else:
+        mesh, source = _run_file_mesh(kw["mesh"], len(devs), shapes, model.num_heads)
     if math.prod(mesh.values()) != len(devs):
         raise targets_lib.TargetError(
             f"--mesh {','.join(f'{k}={v}' for k, v in mesh.items())}: {math.prod(mesh.values())}"
@@ -93,7 +94,7 @@ def compile_run(gin_files: Sequence[str], bindings: Sequence[str], target: targe
         "gin_files": list(gin_files), "target": target.name, "platform": platform,
         "devices": len(devs), "device_kind": devs[0].device_kind,
         "mesh": dict(built.mesh.shape),
-        "mesh_source": "chosen by the tool: fsdp over every device" if chosen else "--mesh",
+        "mesh_source": source,
         "model": f"{model.num_layers}L d={model.hidden_size} heads={model.num_heads} "
                  f"{model.attention_backend}",
         "remat": model.remat, "accum_steps": kw["accum_steps"],
@@ -139,6 +140,22 @@ def compile_run(gin_files: Sequence[str], bindings: Sequence[str], target: targe
     if collectives:  # the compiled HLO's text: minutes for a base model, so printed last
         out["collectives"] = pod_memory.collectives(compiled.as_text())
     return out
+
+
+def _run_file_mesh(configured: Any, devices: int, shapes: Mapping[str, Any], heads: int
+                   ) -> tuple[dict[str, int], str]:
+    """The run file's own mesh (`loop.train.mesh`) on the target's devices, as `loop.train`
+    would build it; where it cannot (it needs other device counts, or does not divide a batch
+    or the heads) the tool's `default_mesh`, saying why."""
+    from xlm_jax import lower as lower_lib
+
+    try:
+        mesh = configured.resolve(devices)
+        lower_lib.check_mesh(mesh, {n: s.batch_size for n, s in shapes.items()}, heads)
+        return mesh, "the run file's loop.train.mesh"
+    except ValueError as e:
+        chosen = default_mesh(devices, [s.batch_size for s in shapes.values()], heads)
+        return chosen, f"chosen by the tool, fsdp first (the run file's mesh: {e})"
 
 
 @contextlib.contextmanager
