@@ -96,6 +96,10 @@ TABLE = [
      "runs/xlme_base.gin)"),
     ("xlm_jax.lower", "bad value", ["--gin_file=demo/mmlm_tlm.gin", "--platform=abc"], 2,
      "error: --platform 'abc': expected one of cuda, tpu"),
+    ("xlm_jax.compile", "no args", [], 2, "error: --gin_file is required (a run file, e.g. "
+     "runs/xlme_base.gin)"),
+    ("xlm_jax.compile", "bad value", ["--gin_file=runs/xlme_base.gin", "--target=v9z:2x2"], 2,
+     "error: --target 'v9z:2x2': unknown chip 'v9z'; known: v4:AxB[xC], ..."),
     ("xlm_jax.smoke", "no args", None, 0, "(runs the tiny smoke comparison on this host)"),
     ("xlm_jax.smoke", "bad value", ["--sizes=huge"], 2,
      "error: --sizes huge: not one of tiny, small, base, large, xl"),

@@ -108,7 +108,7 @@ def runtime_missing(target: Target) -> str | None:
 
         return ("the CUDA plugin is not installed: `pip install jax-cuda12-plugin=="
                 f"{jax.__version__}` (compile-only GPUs need only the plugin, no CUDA "
-                "libraries), or the `gpu` extra")
+                "libraries; `make test-slow` puts it in .venv/cuda_compile, for PYTHONPATH)")
     return None
 
 
