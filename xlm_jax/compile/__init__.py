@@ -66,7 +66,8 @@ def compile_run(gin_files: Sequence[str], bindings: Sequence[str], target: targe
     lower_lib.configure(gin_files, bindings, size=size, depth=depth, remat=remat,
                         attention_backend=attention_backend)
     kw = pod_memory.train_bindings()
-    model, batch_size, seq_len = kw["model"], batch_size or kw["batch_size"], seq_len or kw["seq_len"]
+    model = kw["model"]
+    batch_size, seq_len = batch_size or kw["batch_size"], seq_len or kw["seq_len"]
     shapes = mixture.resolve(kw["objectives"], batch_size, seq_len)
     rows = [s.batch_size for s in shapes.values()]
     devs = targets_lib.devices(target)

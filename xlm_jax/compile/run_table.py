@@ -1,6 +1,8 @@
 """Every run file compiled on the target its header names, at its own batch and length.
 
   python -m xlm_jax.compile.run_table [--jobs 2] [--out table.md] [--only 'runs/xlme_*']
+  python -m xlm_jax.compile.run_table --smallest --only 'runs/xlme_base.gin' \
+      [--chips v4,v5e,v5p,v6e,h100]
 
 A run file names the slice it was sized for in a header line (our convention):
 
@@ -13,6 +15,13 @@ xlm_jax.compile --target T --no_collectives` (in `--jobs` processes: XLA compile
 thread) and prints a markdown table: run file, target, mesh, remat, accumulation, memory per
 device against the device's, fits, compile seconds, FLOPs per step. Exit 1 when any file does
 not compile or fit.
+
+`--smallest` finds, for each run file and chip, the smallest slice of `SLICES` on which the
+run file's global batch and length compile and fit with the most frugal settings short of
+gradient accumulation (our choice: remat full, parameters and optimiser state sharded over
+every chip, `--mesh fsdp=-1`; with accumulation nearly any slice fits, at a cost in speed).
+TPU slices are tried smallest first (XLA:TPU refuses a program that does not fit within
+seconds); GPU nodes by bisection (XLA:GPU compiles it whole, and the tool checks the memory).
 """
 from __future__ import annotations
 
@@ -87,6 +96,62 @@ def compile_one(run_file: str, target: str, extra: Sequence[str]) -> dict[str, A
             "wall_seconds": round(wall, 1)}
 
 
+# Slices tried by --smallest, smallest first (chips = jax devices: v4 in megacore mode; a GPU
+# "1xNx8" is N nodes of 8).
+SLICES = {
+    "v4": ["2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8"],
+    "v5e": ["2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"],
+    "v5p": ["2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8"],
+    "v6e": ["2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"],
+    "h100": ["1x1x8", "1x2x8", "1x4x8", "1x8x8", "1x16x8", "1x32x8"],
+}
+FRUGAL = ["--remat", "full", "--mesh", "fsdp=-1"]
+
+
+def smallest(run_file: str, chip: str) -> dict[str, Any]:
+    """The smallest slice of `chip` in SLICES on which `run_file` fits with FRUGAL settings:
+    the fitting report with `tried` (every slice compiled and whether it fit), or the last
+    report with `fits` False when none does."""
+    slices, tried, found = SLICES[chip], [], None
+    fits_at: dict[int, dict[str, Any]] = {}
+
+    def attempt(i: int) -> bool:
+        r = compile_one(run_file, f"{chip}:{slices[i]}", FRUGAL)
+        tried.append(f"{slices[i]}:{'fits' if r.get('fits') else 'no'}")
+        fits_at[i] = r
+        return bool(r.get("fits"))
+
+    if chip.startswith("v"):  # TPU: a refusal is quick, so smallest first
+        found = next((i for i in range(len(slices)) if attempt(i)), None)
+    else:  # GPU: every compile is whole, so bisect
+        lo, hi = 0, len(slices)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if attempt(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        found = lo if lo < len(slices) and fits_at.get(lo, {}).get("fits") else None
+    report = fits_at[found] if found is not None else fits_at[max(fits_at)]
+    return {**report, "chip": chip, "tried": tried}
+
+
+def smallest_row(r: dict[str, Any]) -> str:
+    """One markdown row of a --smallest result."""
+    gib = 2**30
+    tried = " ".join(r["tried"])
+    if not r.get("fits"):
+        return (f"| {r['run_file']} | {r['chip']} | none up to {SLICES[r['chip']][-1]} | | "
+                f"{tried} |")
+    mem = r["memory_per_device_bytes"]["total"]
+    return (f"| {r['run_file']} | {r['chip']} | {r['target']} ({r['devices']} chips) | "
+            f"{mem / gib:.2f} / {r['device_memory_bytes'] / gib:.2f} | {tried} |")
+
+
+SMALLEST_HEADER = ("| run file | chip | smallest slice (remat full, fsdp over every chip) | GiB "
+                   "per device (total / device) | compiled: slice:fits |\n|---|---|---|---|---|")
+
+
 def row(r: dict[str, Any]) -> str:
     """One markdown table row of a report."""
     gib = 2**30
@@ -113,9 +178,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--only", default=None, help="a glob over run files, e.g. 'runs/xlme_*'")
     p.add_argument("--out", default=None, help="also write the table here")
     p.add_argument("--json", default=None, help="also write every report here")
+    p.add_argument("--smallest", action="store_true", help="the smallest slice of each chip "
+                   "each run file fits on (module docstring), instead of the named targets")
+    p.add_argument("--chips", default=",".join(SLICES), help="chips for --smallest")
     args = p.parse_args(argv)
     root = gin_root()
     files = run_files(root, args.only)
+    if args.smallest:
+        chips = [c for c in args.chips.split(",") if c]
+        unknown = [c for c in chips if c not in SLICES]
+        if unknown:
+            print(f"error: --chips {args.chips!r}: unknown {unknown}; known: {', '.join(SLICES)}",
+                  file=sys.stderr)
+            return 2
+        t0 = time.perf_counter()
+        pairs = [(f, c) for f in files for c in chips]
+        with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            reports = list(pool.map(lambda fc: {**smallest(*fc), "run_file": fc[0]}, pairs))
+        wall = time.perf_counter() - t0
+        table = "\n".join([SMALLEST_HEADER] + [smallest_row(r) for r in reports])
+        table += f"\n\n{len(pairs)} searches in {wall / 60:.1f} min ({args.jobs} at once)\n"
+        return _emit(table, reports, args, 0)
     todo = [(f, named_target(root, f)) for f in files]
     missing = [f for f, t in todo if t is None]
     if missing:
@@ -128,6 +211,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     wall = time.perf_counter() - t0
     table = "\n".join([HEADER] + [row(r) for r in reports])
     table += f"\n\n{len(reports)} run files in {wall / 60:.1f} min ({args.jobs} at once)\n"
+    return _emit(table, reports, args, 0 if all(r.get("fits") for r in reports) else 1)
+
+
+def _emit(table: str, reports: list[dict[str, Any]], args: argparse.Namespace, code: int) -> int:
+    """Prints the table, writes --out and --json; returns `code`."""
     print(table)
     if args.out:
         with open(args.out, "w") as f:
@@ -135,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(reports, f, indent=1)
-    return 0 if all(r.get("fits") for r in reports) else 1
+    return code
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ A target is `CHIP:TOPOLOGY`:
   jax device per chip, as v4 training runs use it); v5p is megacore already; v5e and v6e have
   one TensorCore per chip.
 - GPU: `h100:1x1x8`, `h200:1x1x8`, `b200:1x1x8` (the product of the dimensions is the device
-  count; a node of 8 is `1x1x8`); its devices come from `get_topology_desc(platform="cuda",
-  target_config=...)` with the card's description shipped beside this file
-  (`gpu_specs/CARD.txtpb`, values from the vendor's specification, each cited there). That
+  count; a node of 8 GPUs is `1x1x8`, N such nodes `1xNx8`); its devices come from
+  `get_topology_desc(platform="cuda", target_config=...)` with the card's description
+  shipped beside this file (`gpu_specs/CARD.txtpb`, values from the vendor's specification,
+  each cited there). That
   needs the CUDA plugin (`jax-cuda12-plugin`/`jax-cuda12-pjrt`, 180 MB; no CUDA libraries and
   no libcuda: nothing runs).
 
