@@ -124,6 +124,8 @@ setup(
     package_data={
         TASKS_PACKAGE: ["demo_data/" + f for f in _data_files_under("tasks/demo_data")],
         **{pkg: ["*.gin"] for pkg in GIN_PACKAGES},
+        # the GPU cards' descriptions `python -m xlm_jax.compile --target h100:...` compiles for
+        "xlm_jax.compile": ["gpu_specs/*.txtpb"],
     },
     python_requires=PYTHON_REQUIRES,
     install_requires=CORE,

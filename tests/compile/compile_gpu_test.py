@@ -61,3 +61,16 @@ def test_an_oversized_gpu_step_does_not_fit_although_xla_compiles_it(tmp_path):
     assert r["memory_per_device_bytes"]["total"] > r["device_memory_bytes"]
     last = proc.stderr.strip().splitlines()[-1]
     assert "does not fit" in last and "first knob: rematerialise every layer" in last
+
+
+def test_a_step_triton_cannot_compile_exits_1_with_the_compilers_line(tmp_path):
+    # one head of 4096 dimensions: the flash kernel's blocks exceed an H100's shared memory
+    proc, r = _compile(tmp_path, "--gin_file=runs/xlmr_base_mmlm.gin", "--target", "h100:1x1x4",
+                       "--size", "tiny", "--batch_size", "8", "--seq_len", "128",
+                       "--attention_backend", "pallas", "--no_collectives",
+                       "--gin.loop.model_config.overrides={'num_layers': 1, 'hidden_size': "
+                       "4096, 'num_heads': 1, 'mlp_dim': 256}")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "does not compile:" in last, last
+    assert r["fits"] is False and r["error"]

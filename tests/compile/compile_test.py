@@ -157,3 +157,18 @@ class _no_raise:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_pod_memory_with_a_target_is_a_view_of_the_compiled_report(tmp_path, capsys):
+    from xlm_jax import pod_memory
+
+    out = tmp_path / "r.json"
+    code = pod_memory.main(["--gin_file=runs/xlmr_base_mmlm.gin", "--target", "v5e:2x2",
+                            "--size", "tiny", "--batch_size", "8", "--seq_len", "128",
+                            "--gin.loop.model_config.overrides={'num_layers': 1}",
+                            "--json", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "on v5e:2x2 (4 x TPU v5 lite)" in text and "compiles and fits" in text
+    r = __import__("json").loads(out.read_text())
+    assert r["memory_per_device_bytes"]["argument"] == r["argument_bytes_from_shapes"]

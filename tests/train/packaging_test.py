@@ -96,6 +96,10 @@ def test_wheel_carries_every_gin_file_and_the_demo_corpus(installed):
     in_wheel = {"xlm_jax_tasks/" + f[len("tasks/"):] for f in data | _repo_files("tasks")}
     missing = sorted(in_wheel - names)
     assert not missing, f"tasks files not in the wheel: {missing[:5]}"
+    # the GPU cards' descriptions `python -m xlm_jax.compile --target h100:...` reads
+    specs = {f for f in _repo_files("xlm_jax/compile/gpu_specs") if f.endswith(".txtpb")}
+    assert {"xlm_jax/compile/gpu_specs/h100.txtpb"} <= specs
+    assert not sorted(specs - names), sorted(specs - names)
 
 
 def test_train_help_from_outside_the_repository(installed):
