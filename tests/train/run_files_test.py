@@ -87,24 +87,30 @@ def test_veco_from_xlmr_trains_the_cross_attention_first():
 
 
 # The papers' ablation tables, written from their text: file -> (header's table and row,
-# objectives, train steps, settings that make the row). InfoXLM Table 7 (§5): every row is
+# objectives, train steps, settings that make the row). InfoXLM Table 7 (§4.3): every row is
 # INFOXLM15, "trained on 15 languages for 100K steps", with parts removed; "-TLM-Mixup" and
-# "-TLM-Momentum" remove TLM too. XLM-E Table 2 (§4.3) is cumulative: "-TRTD", then
-# "-TRTD -Gated relative position bias". ERNIE-M Table 6 (§4.3): see the test above.
+# "-TLM-Momentum" remove TLM too. The -TLM rows put XLCo on layer 12 (their scores are Table 6's
+# "INFOXLM15 - TLM" at layer 12; §4.3: layer 12 is better without TLM), "-Universal" is INFOXLM15
+# on the last layer (Table 6's layer 12), and Table 6's "-TLM" at layer 8 has its own file.
+# XLM-E Table 2 (§4.3) is cumulative: "-TRTD", then "-TRTD -Gated relative position bias".
+# ERNIE-M Table 6 (§4.3): see the test above.
 INFOXLM15 = "runs/infoxlm_ablations/"
-MIXUP = {"xlco/xlco.XLCo.kind": "mixup_pair", "%XLCO_MOMENTUM": 0.999}
+MIXUP = {"xlco/xlco.XLCo.kind": "mixup_pair", "%XLCO_MOMENTUM": 0.999, "%XLCO_LAYER": 8}
+NO_TLM = {"xlco/xlco.XLCo.kind": "mixup_pair", "%XLCO_MOMENTUM": 0.999, "%XLCO_LAYER": 12}
 ABLATIONS = {
     INFOXLM15 + "infoxlm15.gin": ("Table 7", "INFOXLM15", {"mmlm", "tlm", "xlco"}, 100000,
                                   MIXUP),
     INFOXLM15 + "no_xlco.gin": ("Table 7", "-XLCo", {"mmlm", "tlm"}, 100000, {}),
-    INFOXLM15 + "no_tlm.gin": ("Table 7", "-TLM", {"mmlm", "xlco"}, 100000, MIXUP),
+    INFOXLM15 + "no_tlm.gin": ("Table 7", "-TLM", {"mmlm", "xlco"}, 100000, NO_TLM),
     INFOXLM15 + "no_tlm_no_mixup.gin": ("Table 7", "-TLM-Mixup", {"mmlm", "xlco"}, 100000,
-                                        {"xlco/xlco.XLCo.kind": "split_pair",
-                                         "%XLCO_MOMENTUM": 0.999}),
+                                        {**NO_TLM, "xlco/xlco.XLCo.kind": "split_pair"}),
     INFOXLM15 + "no_tlm_no_momentum.gin": ("Table 7", "-TLM-Momentum", {"mmlm", "xlco"}, 100000,
-                                           {"xlco/xlco.XLCo.kind": "mixup_pair",
-                                            "%XLCO_MOMENTUM": 0.0}),
+                                           {**NO_TLM, "%XLCO_MOMENTUM": 0.0}),
     INFOXLM15 + "no_tlm_no_xlco.gin": ("Table 7", "-TLM-XLCo", {"mmlm"}, 100000, {}),
+    INFOXLM15 + "no_universal_layer.gin": ("Table 7", "-Universal", {"mmlm", "tlm", "xlco"},
+                                           100000, {**MIXUP, "%XLCO_LAYER": None}),
+    INFOXLM15 + "no_tlm_layer8.gin": ("Table 6", "INFOXLM15 - TLM", {"mmlm", "xlco"}, 100000,
+                                      {**NO_TLM, "%XLCO_LAYER": 8}),
     "runs/xlme_base_no_trtd.gin": ("Table 2", "-TRTD", {"mrtd"}, 125000,
                                    {"%POSITION_TYPE": "both"}),
     "runs/xlme_base_no_trtd_no_gated_bias.gin": (
@@ -133,7 +139,7 @@ def test_ablation_files_are_the_papers_rows(path):
         gin.clear_config()
     assert set(mixture) == objectives and got_steps == steps and got == settings
     header = open(gin_utils.find_gin_file(path, gin_utils.default_search_paths())).read()
-    if path.startswith(INFOXLM15):  # "15 languages" (InfoXLM §5), listed in infoxlm15.gin
+    if path.startswith(INFOXLM15):  # "15 languages" (InfoXLM §4.3), listed in infoxlm15.gin
         base = open(gin_utils.find_gin_file(INFOXLM15 + "infoxlm15.gin",
                                             gin_utils.default_search_paths())).read()
         languages = base.split("# INFOXLM15 languages")[1].splitlines()[1].strip("# ").split()
@@ -142,14 +148,20 @@ def test_ablation_files_are_the_papers_rows(path):
 
 
 def test_every_infoxlm_ablation_file_is_in_the_table():
+    """Every file in the InfoXLM ablation directory is a Table 7 row or Table 6's layer-8 "-TLM",
+    and the last-layer file says it is Table 7's "-Universal" (= Table 6's layer 12)."""
     import glob
     import os
 
     root = os.path.join(os.path.dirname(gin_utils.__file__), "..", "..", "gin_configs")
     files = {os.path.relpath(p, root) for p in glob.glob(f"{root}/{INFOXLM15}*.gin")}
-    assert files - set(ABLATIONS) == {INFOXLM15 + "no_universal_layer.gin"}  # ours, not a row
-    assert "Not a Table 7 row (our ablation)" in open(
-        os.path.join(root, INFOXLM15, "no_universal_layer.gin")).read()
+    assert files == {p for p in ABLATIONS if p.startswith(INFOXLM15)}
+    rows = [row for path, (table, row, *_) in ABLATIONS.items()
+            if path.startswith(INFOXLM15) and table == "Table 7"]
+    assert sorted(rows) == sorted(["INFOXLM15", "-XLCo", "-TLM", "-TLM-Mixup", "-TLM-Momentum",
+                                   "-TLM-XLCo", "-Universal"])
+    header = open(os.path.join(root, INFOXLM15, "no_universal_layer.gin")).read()
+    assert "Not a Table 7 row" not in header and 'Table 6\'s "INFOXLM15" at layer 12' in header
 
 
 @pytest.mark.parametrize("path, missing", [
