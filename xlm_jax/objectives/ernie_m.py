@@ -8,15 +8,18 @@ Cross-lingual Semantics with Monolingual Corpora") adds two objectives to MMLM +
 **CAMLM** (`CrossAttentionMLM`, translation pairs `<s> x </s></s> y </s>`): each side gets its
 own masked set (the paper's M_src and M_tgt, drawn separately on the two sides of one
 corruption), and a masked token is predicted from the *other* side and its own position only
-(paper §3.1, Fig. 2); `L_CAMLM = L_CAMLM(src) + L_CAMLM(tgt)`, each a mean over its side's
-predictions. Every predicted token is replaced by `<mask>` (`corruption="mask"`, the default):
-the paper predicts from "the MASK symbol of this sentence, which provides the position and
-language information" (§3.1). `corruption="80_10_10"` (BERT's corruption, our option) leaves
-the original token in place for ~10% of the predictions, and since a predicted slot sees
-itself, those predictions read their own answer (tests/objectives/answer_leak_test.py). Fig. 2 draws this visibility as one matrix (each side sees the other side and
-itself). Applied in one forward pass, that matrix lets a source token read the other source
-tokens in two hops in any model deeper than one layer (source -> target at layer l, target ->
-source at layer l + 1), while the text says the source is restored from the target. The
+(paper §3, CAMLM paragraph, Fig. 2); `L_CAMLM = L_CAMLM(src) + L_CAMLM(tgt)`, each a mean over
+its side's predictions (the paper writes each side's loss as a sum over its masked set; the
+per-side mean is our choice, as every MLM loss here is a mean). Every predicted token is
+replaced by `<mask>` (`corruption="mask"`, the default): the paper predicts from "the MASK
+symbol of this sentence, which provides the position and language information" (§3, CAMLM
+paragraph). `corruption="80_10_10"` (BERT's corruption, our option) leaves the original token
+in place for ~10% of the predictions, and since a predicted slot sees itself, those
+predictions read their own answer (tests/objectives/answer_leak_test.py). Fig. 2 draws this
+visibility as one matrix (each side sees the other side and itself). Applied in one forward
+pass, that matrix lets a source token read the other source tokens in two hops in any model
+deeper than one layer (source -> target at layer l, target -> source at layer l + 1), while
+the text says the source is restored from the target. The
 default, `passes="two"`, runs one pass per predicted side in which the other side sees only
 itself (`masks.camlm_pass_mask`), so a source prediction is a function of the target and its
 own position at every depth; `passes="one"` is Fig. 2's single matrix (half the compute).
@@ -25,7 +28,7 @@ differentiated encoder passes per pair, twice the encoder compute of one pass (t
 `CrossAttentionMLM.flops_per_example`, and so MFU already count both passes).
 
 **BTMLM** (`BackTranslationMLM`, monolingual rows), two stages inside one train step
-(paper §3.2, Fig. 4):
+(paper §3, BTMLM paragraph, Fig. 4):
 1. the sentence is followed by placeholder `<mask>` tokens, `proportion` x its length of them
    (paper Fig. 6 tries 5-20%; default 15%, our choice), carrying a target-language id and the
    positions that continue the sentence's. Sentence tokens see the sentence; a placeholder sees
@@ -34,8 +37,9 @@ differentiated encoder passes per pair, twice the encoder compute of one pass (t
    argmax by default (`decoding="sample"` samples at `temperature`; the paper gives no rule:
    our choice), over regular tokens only.
 2. the sentence plus its pseudo-tokens, attending bidirectionally, with source tokens masked
-   (80/10/10 as MLM; the pseudo-tokens are never masked), restores the masked source tokens:
-   `L_BTMLM` is the mean CE over those positions.
+   (80/10/10 as MLM: our choice, the paper does not say how the masked source tokens are
+   corrupted; the pseudo-tokens are never masked), restores the masked source tokens:
+   `L_BTMLM` is the mean CE over those positions (a mean: our choice, as above).
 `start_step` > 0 switches BTMLM's loss on only after that many of its updates (its loss and
 gradient are 0 before; the passes still run, so the step's shape never changes): the paper
 builds BTMLM on the transfer CAMLM learns, but gives no step at which BTMLM starts. 0 (from
@@ -70,8 +74,9 @@ from xlm_jax.objectives.mlm import masked_lm_sums, with_restarted_positions
 
 VISIBILITIES = ("bidirectional", "camlm_src", "camlm_tgt", "camlm_one_pass", "btmlm_stage1")
 PASSES = ("two", "one")
-# CAMLM's corruption of a predicted token: "mask" (always `<mask>`, ERNIE-M §3.1) or
-# "80_10_10" (BERT's mask / random / keep, our option; keeps the answer in ~10% of the slots)
+# CAMLM's corruption of a predicted token: "mask" (always `<mask>`, ERNIE-M §3, CAMLM
+# paragraph) or "80_10_10" (BERT's mask / random / keep, our option; keeps the answer in ~10%
+# of the slots)
 CORRUPTIONS = ("mask", "80_10_10")
 DECODINGS = ("argmax", "sample")
 
@@ -128,7 +133,8 @@ def _encode_logits(model: Transformer, enc_params: Any, ids: jax.Array, features
 
 class CrossAttentionMLM(Objective):
     """ERNIE-M CAMLM on translation pairs; see the module docstring. Two loss terms, "src" and
-    "tgt" (each side's predictions), weight 1 each: L = L(src) + L(tgt) (paper §3.1)."""
+    "tgt" (each side's predictions), weight 1 each: L = L(src) + L(tgt) (paper §3, CAMLM
+    paragraph; each term a mean over its side, our choice: the paper's terms are sums)."""
 
     kind = "pair"
     term_weights = {"src": 1.0, "tgt": 1.0}

@@ -12,6 +12,10 @@ position would dominate the FLOPs). k = min(floor(mask_prob * n + u), P) with
 u ~ U[0, 1) is fairseq's probabilistic rounding: E[k] = mask_prob * n exactly when P
 does not bind. Selection is "random scores + top_k": every subset of size k among the
 eligible positions is equally likely (ELECTRA / XLM-E "uniform masking").
+Eligible tokens are the regular ones (`default_eligible`: never `<s>`, `</s>`, `<pad>`,
+`<unk>` or `<mask>`), and n counts those only. Our choice: fairseq's `MaskTokensDataset`
+(XLM-R's released code) selects among every position of the row, `<s>`/`</s>` included, and
+sets n to the row length, so at the same mask_prob it predicts slightly more tokens per row.
 Pure jax.numpy; jit- and vmap-friendly; no TensorFlow.
 """
 

@@ -1,17 +1,21 @@
 """VECO: inner-sequence and cross-sequence masked LM on one variable encoder-decoder.
 
-VECO (Luo et al. 2021, "VECO: Variable and Flexible Cross-lingual Pre-training for Language
-Understanding and Generation") trains one stack whose layers hold self-attention, an optional
-cross-attention block and an FFN (`ModelConfig.cross_attention=True`: the shared encoder owns
-the cross-attention parameters, so the checkpoint reassembles into an NLU encoder without them
-or an NLG encoder-decoder with them, `xlm_jax.models.reassemble`).
+VECO (Luo et al., "VECO: Variable Encoder-decoder Pre-training for Cross-lingual Understanding
+and Generation", arXiv 2010.16046, first version, 2020; published in 2021 as "VECO: Variable and
+Flexible Cross-lingual Pre-training for Language Understanding and Generation"; the sections,
+tables and equations cited in this library are the 2020 text's) trains one stack whose layers
+hold self-attention, an optional cross-attention block and an FFN
+(`ModelConfig.cross_attention=True`: the shared encoder owns the cross-attention parameters, so
+the checkpoint reassembles into an NLU encoder without them or an NLG encoder-decoder with
+them, `xlm_jax.models.reassemble`).
 
 `VariableMLM` reads `split_pair` examples, two aligned rows `x_*` and `y_*` (two adjacent
 segments of monolingual text, or a sentence and its translation) and computes, per Eq. 8,
 
     L = IS(x) + IS(y) + CS(x -> y) + CS(y -> x),
 
-each a mean CE over its masked predictions:
+each a mean CE over its masked predictions (Eq. 8 adds the four terms as sums of log
+likelihoods; the per-term means are our choice, as every MLM loss here is a mean):
 - IS-MLM(x): x, masked, through the stack with bidirectional self-attention and no
   cross-attention; it restores x's masked tokens. Its last layer is X^(N). Same for y.
 - CS-MLM(x -> y): y, masked, with *causal* self-attention and cross-attention to
@@ -19,15 +23,17 @@ each a mean CE over its masked predictions:
   through this term (it trains the cross-attention and the y side only). Symmetric for y -> x.
 One selection per row is drawn in `prepare` and used by both passes of that row (our choice:
 the paper does not say whether IS and CS share masks). The IS pass reads it corrupted 80/10/10
-over regular tokens (as XLM-R; our choice). The CS pass (`cs_corruption="mask"`, the default)
-reads every selected token as `<mask>`: its self-attention is causal *including the position
-itself* (the slot carries its position), so an original token left in place by 80/10/10 would
-let ~10% of the CS predictions read their own answer, while Eq. 7 conditions on the preceding
-tokens only ("only attend to the preceding tokens", §2.2). With all-`<mask>` slots a CS
-prediction sees the preceding tokens, the `<mask>` at its own position and the other row, never
-its answer (tests/objectives/answer_leak_test.py). `cs_corruption="shared"` feeds the CS pass
-the IS pass's 80/10/10 ids (our earlier reading; it leaks). Rates: 15% on monolingual and 25% on
-bilingual data (paper Table 5): the gin files build one objective per stream. `max_predictions` must hold every prediction the
+(BERT's corruption, paper §2.2) over regular tokens (never `<s>`/`</s>`: our choice). The CS
+pass (`cs_corruption="mask"`, the default) reads every selected token as `<mask>`: our reading
+of Eq. 7 and the paper's footnote 3, which departs from §2.2's 80/10/10 for this pass. Its
+self-attention is causal *including the position itself* (the slot carries its position), so
+an original token left in place by 80/10/10 would let ~10% of the CS predictions read their own
+answer, while Eq. 7 conditions on the preceding tokens only ("only attend to the preceding
+tokens", §2.2). With all-`<mask>` slots a CS prediction sees the preceding tokens, the `<mask>`
+at its own position and the other row, never its answer (tests/objectives/answer_leak_test.py).
+`cs_corruption="shared"` feeds the CS pass the IS pass's 80/10/10 ids (§2.2's corruption in
+the CS pass too; it leaks). Rates: 15% on monolingual and 25% on bilingual data (paper Table 5):
+the gin files build one objective per stream. `max_predictions` must hold every prediction the
 rate can make at the row length (`floor(mask_prob * T) + 1`); otherwise `prepare` fails naming
 the values instead of dropping predictions.
 
@@ -55,8 +61,8 @@ from xlm_jax.objectives.mlm import encoder_kwargs, masked_lm_sums, side_rows
 SIDES = ("x", "y")
 TERMS = ("is_x", "is_y", "cs_xy", "cs_yx")  # IS(x), IS(y), CS(x -> y), CS(y -> x)
 SIDE_OF = {"is_x": "x", "is_y": "y", "cs_xy": "y", "cs_yx": "x"}  # the row each term restores
-# What the CS pass reads at a selected token: "mask" (always `<mask>`: no answer leak, Eq. 7) or
-# "shared" (the IS pass's 80/10/10 ids)
+# What the CS pass reads at a selected token: "mask" (always `<mask>`: no answer leak; our
+# reading of Eq. 7 and footnote 3) or "shared" (the IS pass's 80/10/10 ids, §2.2's corruption)
 CS_CORRUPTIONS = ("mask", "shared")
 
 
@@ -89,7 +95,8 @@ def cross_mask(batch: Mapping[str, jax.Array], query: str, memory: str) -> Token
 
 class VariableMLM(Objective):
     """VECO IS-MLM + CS-MLM on `split_pair` rows (x, y); see the module docstring. Four loss terms
-    (`TERMS`), each over its row's masked predictions, weight 1 each (Eq. 8)."""
+    (`TERMS`), each a mean over its row's masked predictions (our choice; Eq. 8's terms are
+    sums), weight 1 each (Eq. 8)."""
 
     kind = "split_pair"
     term_weights = {t: 1.0 for t in TERMS}

@@ -1,10 +1,12 @@
 """InfoXLM cross-lingual contrast (XLCo): a momentum key encoder and a queue of negatives.
 
 A translation pair (`kind="split_pair"`: rows x, y) or InfoXLM's two-pair mixup example
-(`kind="mixup_pair"`: rows query, key) gives a query row and a key row. The query is encoded
-by the model being trained, the key by an EMA copy of it (the momentum encoder, MoCo-style);
-both take the `<s>` hidden state of the "universal" layer `layer` and, with `projection_dim`
-> 0, the bias-free linear projection, a module the objective owns
+(`kind="mixup_pair"`: rows query, key; the mixup construction is stated in the InfoXLM paper's
+§3.3 and built as the released unilm code does) gives a query row and a key row. The query is
+encoded by the model being trained, the key by an EMA copy of it (the momentum encoder,
+MoCo-style); both take the `<s>` hidden state of the "universal" layer `layer` and, with
+`projection_dim` > 0, the projection head (paper §3.3; its form, a bias-free linear map, and
+its d x d size follow the released code), a module the objective owns
 (`params["objectives"][name]`). The loss is InfoNCE against the queue of earlier keys:
 
     logits = [q . k+, q . queue] / temperature,   loss = cross-entropy with label 0,
@@ -19,7 +21,8 @@ queue otherwise learns to do. Facts kept from the reference implementation
   projection included; it starts as a copy of the parameters (loaded ones for `init_from`);
 - the queue is a ring buffer of the keys of all devices (the keys here are the *global*
   batch, so nothing needs gathering); the loss is off (0, with accuracy 0) until the queue
-  is full, while the first keys are enqueued. Only real rows enter it: a padding row of a
+  is full, while the first keys are enqueued (this pre-fill is also stated in the paper's
+  §3.3). Only real rows enter it: a padding row of a
   static-shape batch (all `<pad>`, which unilm's variable-size batches never have) would
   otherwise put a key that is no sentence among the negatives;
 - both rows are MLM-masked (`mask_prob`, 80/10/10; no MLM loss on them);
@@ -72,7 +75,8 @@ class XLCo(Objective):
             uses 8 for base and 12 for large ("universal layer", paper Table 10).
           projection_dim: > 0 adds the bias-free linear projection hidden_size ->
             projection_dim (module `name`, EMA'd into the key encoder); 0 = none. The paper
-            gives no dimension; unilm's released code projects d -> d.
+            has a projection head (§3.3) but gives no dimension; unilm's released code
+            projects d -> d.
           temperature: tau of the softmax (0.25 in unilm's released InfoXLM code; the paper
             gives none).
           queue_size: negatives kept (131072, InfoXLM paper Table 10); a multiple of the global

@@ -6,7 +6,8 @@ shared encoder, the model that is kept) tells for every token whether it was rep
 
 One `ReplacedTokenDetection` objective per stream: `kind="mono"` is MRTD (with the generator's
 MLM), `kind="pair"` is TRTD on `<s> x </s></s> y </s>` rows (with the generator's TLM; masks
-are drawn over both sides). Per objective
+are drawn over both sides by one selection of `mask_prob` over the pair's regular tokens: our
+choice, where the paper's §3.1 names separate masked sets for e and f). Per objective
 
     L = L_gen + lambda * L_rtd,   L_gen = mean CE at the masked positions,
                                   L_rtd = mean BCE over every non-pad token,
@@ -14,12 +15,14 @@ are drawn over both sides). Per objective
 so MRTD + TRTD in one mixture is `L_MLM + L_TLM + lambda (L_MRTD + L_TRTD)` with lambda = 50
 (paper §4.1), each term a *mean* (ELECTRA's convention, our choice): the paper's Eqs. 1 and 3
 write L_MRTD and L_TRTD as sums over the positions, which at the same lambda would weigh the
-detection loss by the number of tokens rather than 1. Both objectives declare the modules `generator` and `rtd_head` as
-shared: one generator and one head serve both streams.
+detection loss by the number of tokens rather than 1. Both objectives declare the modules
+`generator` and `rtd_head` as shared: one generator and one head serve both streams.
 
 - Masking (paper §2/§3.1: uniform selection, selected tokens replaced by [MASK]): every
   selected token becomes `<mask>` (no 80/10/10); the rate is not given by the paper (gin
-  default 15%, our choice).
+  default 15%, our choice). Selection never picks `<s>`/`</s>` and the rate counts regular
+  tokens only (`masking.mask_tokens`; our choice: fairseq selects specials too and counts every
+  token).
 - Generator: an encoder owned by the objective (`params["objectives"]["generator"]`) with the
   discriminator's width by default and fewer layers (paper: 4/6/8 for Base/Large/XL, Tables
   8-9). What it shares with the discriminator (read from the encoder's parameters, so both
@@ -35,10 +38,15 @@ shared: one generator and one head serve both streams.
   d_disc before the projection, and it never multiplies the whole table (ours costs
   V x d_disc x d_gen FLOPs per step). Not done because the encoder takes token ids, not
   embeddings (`Transformer.encode`): an embeddings input would be a model change. The
-  generator's layers and its MLM head (decoder tied to the shared table) are its own. Its position type follows the discriminator's unless set
-  (whether XLM-E's generator has the gated bias is not stated: our choice).
+  generator's layers and its MLM head (decoder tied to the shared table) are its own. Its
+  position type follows the discriminator's unless set (whether XLM-E's generator has the
+  gated bias is not stated: our choice).
+- Gated relative bias (paper §3.3; `xlm_jax.models.position`): one bucket table for all layers
+  (`ModelConfig.share_relative_table=True`, WavLM's layout; our choice, the paper does not say)
+  with per-layer gates.
 - Replacement: a token sampled from the generator's softmax at temperature 1 over the
-  regular tokens (special ids excluded: our choice, see `forward`), with no gradient through
+  regular tokens (special ids excluded: our choice, see `forward`; ELECTRA samples over the
+  whole vocabulary), with no gradient through
   the sample (it is an integer; the discriminator loss reaches the generator
   only through the shared embeddings). Samples use per-row keys drawn in `prepare`, so
   gradient accumulation sees the same samples as one large step.
