@@ -29,6 +29,70 @@ def test_the_ledger_has_a_table_per_paper_and_the_effective_weights():
         assert len(rows) >= 8, section.splitlines()[0]  # a header and its items
 
 
+def _rows(section: str) -> dict[str, str]:
+    """Item -> its row's source column, for the ledger section whose heading starts with
+    `section` (e.g. "## VECO")."""
+    text = _ledger()
+    body = text.split("\n" + section, 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in body.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 5 and "---" not in line:
+            rows[cells[0]] = cells[3]
+    return rows
+
+
+# Statements the papers make (and choices they leave open) that each need a ledger row, with
+# what the row's source must say: (section, item, phrases of its source column).
+STATEMENTS = [
+    ("## MMLM and TLM", "Selection", ("fairseq", "our choice")),
+    ("## InfoXLM", "Queue", ("§3.3", "released code")),
+    ("## InfoXLM", "Projection", ("§3.3", "released code")),
+    ("## InfoXLM", "Mixup", ("§3.3",)),
+    ("## InfoXLM", "Ablations (Table 7)", ("§4.3", "Table 7")),
+    ("## InfoXLM", "-TLM rows' XLCo layer", ("Table 7", "Table 6", "§4.3")),
+    ("## InfoXLM", "-Universal; -TLM at layer 8", ("Table 7", "Table 6")),
+    ("## XLM-E", "Sampling alpha", ("§4.1",)),
+    ("## XLM-E", "Vocabulary (Large)", ("Appendix A", "our choice")),
+    ("## XLM-E", "Dropout", ("our choice",)),
+    ("## XLM-E", "Relative-bias table", ("our choice",)),
+    ("## XLM-E", "TRTD selection", ("our choice", "§3.1")),
+    ("## XLM-E", "Sampling", ("ELECTRA", "our choice")),
+    ("## ERNIE-M", "CAMLM loss", ("CAMLM paragraph", "our choice")),
+    ("## ERNIE-M", "BTMLM stage 2 corruption", ("our choice",)),
+    ("## ERNIE-M", "Model, steps, batch, lr", ("Table 11", "Table 8", "our choice")),
+    ("## ERNIE-M", "Sequence length", ("§4.1",)),
+    ("## ERNIE-M", "Dropout", ("Table 11",)),
+    ("## ERNIE-M", "Language embeddings", ("§3",)),
+    ("## VECO", "Loss", ("Eq. 8", "our choice")),
+    ("## VECO", "IS corruption", ("§2.2",)),
+    ("## VECO", "CS-MLM answer", ("our reading", "footnote 3", "§2.2")),
+    ("## VECO", "Segment lengths", ("our choice",)),
+    ("## VECO", "Sampling alpha", ("§3", "our choice")),
+    ("## VECO", "Language embeddings", ("§3",)),
+    ("## VECO", "LayerNorm", ("paper",)),
+]
+
+
+@pytest.mark.parametrize("section, item, phrases", STATEMENTS,
+                         ids=[f"{s[3:]}: {i}" for s, i, _ in STATEMENTS])
+def test_the_ledger_records_the_papers_statements(section, item, phrases):
+    rows = _rows(section)
+    assert item in rows, f"{section}: no row {item!r}"
+    for phrase in phrases:
+        assert phrase in rows[item], (section, item, phrase)
+
+
+def test_the_ledger_cites_sections_the_papers_have():
+    """ERNIE-M has no §3.1/§3.2 (its objectives are paragraphs of §3); InfoXLM's ablations are
+    §4.3 (§5 is its conclusion); XLM-E's alpha is set where the tasks are registered."""
+    for source in _rows("## ERNIE-M").values():
+        assert "§3.1" not in source and "§3.2" not in source, source
+    assert not any("§5" in source for source in _rows("## InfoXLM").values())
+    with open(os.path.join(ROOT, "gin_configs", "runs", "xlme_base.gin"), encoding="utf-8") as f:
+        assert "alpha=0.7" in f.read()
+
+
 def _pointed(text: str) -> tuple[set[tuple[str, str]], set[tuple[str, str | None]]]:
     """(file, name) pairs of `path.py:Name[.attr]` and (test file, test) of
     `tests/x.py[::test]` in backticks."""
