@@ -1,7 +1,7 @@
 """A prediction must not see its own answer: ERNIE-M's CAMLM predicts a masked token from "the
 MASK symbol of this sentence, which provides the position and language information" and the
-other side (ERNIE-M §3.1), and VECO's CS-MLM from the preceding tokens and the other row (VECO
-Eq. 7). The test changes the *answer* (the original token) at one predicted position of the
+other side (ERNIE-M §3, CAMLM paragraph), and VECO's CS-MLM from the preceding tokens and the
+other row (our reading of VECO Eq. 7). The test changes the *answer* (the original token) at one predicted position of the
 data, keeps everything else (the same masking key, so the same selection), and requires the
 logits at that prediction slot to stay bit-identical. With a corruption that leaves the
 original token in place for a share of the predictions (80/10/10), a prediction that can read
