@@ -1,5 +1,6 @@
-"""XLCo (InfoXLM): the loss against a numpy InfoNCE, the pre-fill, the EMA and the ring buffer,
-masking of both rows, and the argument errors."""
+"""XLCo (InfoXLM): the loss against a numpy InfoNCE, the fill before step 1 and the warm-up
+gate, the EMA and the ring buffer, masking of both rows, and the argument errors (the fill
+through the trainer: tests/train/xlco_prefill_test.py)."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -93,7 +94,37 @@ def test_mean_pooling_without_projection_uses_the_rows_tokens():
     np.testing.assert_allclose(np.asarray(vec), want, rtol=1e-5, atol=1e-6)
 
 
+def test_prefill_enqueues_the_key_encoders_keys_of_the_real_rows():
+    """One batch of the fill before step 1: the keys of the key rows by the key encoder (not by
+    the parameters given), into the ring buffer; the key encoder does not move."""
+    net, obj, params = _setup(queue_size=8, mask_prob=0.0, layer=2)
+    state = nn.meta.unbox(obj.init_state(params))
+    state["key_params"] = _perturbed(params, 1)
+    batch = {k: np.array(v)
+             for k, v in synthetic_batch(4, 16, 64, kind="mixup_pair", seed=2).items()}
+    for k in batch:  # row 1 is padding: no key of it enters
+        batch[k][1] = PAD_ID if k.endswith("input_ids") else 0
+    prepared = obj.prepare({k: jnp.asarray(v) for k, v in batch.items()}, jax.random.PRNGKey(0))
+    new = obj.prefill(_perturbed(params, 9), state, prepared, jax.random.PRNGKey(3))
+    want = _numpy_rep(net, state["key_params"], batch["key_input_ids"], 2)[[0, 2, 3]]
+    np.testing.assert_allclose(np.asarray(new["queue"])[:3], want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(new["queue"])[3:], 0.0)
+    assert int(new["filled"]) == 3 and int(new["ptr"]) == 3
+    jax.tree_util.tree_map(np.testing.assert_array_equal, new["key_params"], state["key_params"])
+
+
+def test_prefill_batches_fill_the_queue_or_none():
+    assert _setup(queue_size=8)[1].prefill_batches(4) == 2
+    assert _setup(queue_size=8, initial_fill="warmup")[1].prefill_batches(4) == 0
+    assert _setup(queue_size=0, in_batch_negatives=True)[1].prefill_batches(4) == 0
+    with pytest.raises(ValueError, match=r"queue_size=8 is not a multiple of the global "
+                                         r"batch of 3 rows"):
+        _setup(queue_size=8)[1].prefill_batches(3)
+
+
 def test_loss_is_off_until_the_queue_is_full():
+    """The gate `initial_fill="warmup"` relies on (and a fill that padding rows left short):
+    no loss and no accuracy before the queue holds queue_size keys."""
     net, obj, params = _setup(mask_prob=0.0)
     batch = synthetic_batch(4, 16, 64, kind="mixup_pair", seed=0)
     state = nn.meta.unbox(obj.init_state(params))
@@ -173,6 +204,7 @@ def test_both_rows_are_masked_and_specials_kept():
     ({"momentum": 1.0}, r"momentum=1.0 is out of range"),
     ({"queue_size": 0}, r"queue_size=0 is out of range"),  # only with in_batch_negatives
     ({"pooling": "max"}, r"pooling='max' must be one of cls, mean"),
+    ({"initial_fill": "lazy"}, r"initial_fill='lazy' must be one of prefill, warmup"),
 ])
 def test_bad_arguments_are_named(kw, match):
     with pytest.raises(ValueError, match=match):

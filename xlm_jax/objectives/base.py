@@ -42,7 +42,12 @@ Objectives with state (InfoXLM's momentum encoder and queue) keep it in `init_st
   parameters; new arrays (a queue) may be boxed with their own logical names;
 - `loss` may hand per-row arrays to the update through `LossOutput.state_inputs` (the keys a
   queue takes in); the trainer concatenates them over microbatches in global row order and
-  passes them to `after_update(params, state, inputs)` after the optimizer step.
+  passes them to `after_update(params, state, inputs)` after the optimizer step;
+- `prefill_batches(batch_size)` > 0 asks for that many batches of its stream before the first
+  optimizer step, each `prepare`d and given to `prefill(params, state, prepared, rng)`:
+  forward passes of the initial parameters, no gradient, that fill the state (InfoXLM's queue,
+  as unilm's `fill_queue`). The trainer runs it once per run (`xlm_jax.train.prefill`); the
+  batches it takes are counted in the stream's position, so a resume continues exactly.
 """
 from __future__ import annotations
 
@@ -241,6 +246,21 @@ class Objective(abc.ABC):
     def after_update(self, params: Any, state: Any, inputs: dict[str, Array]) -> Any:
         """Called after each optimizer step with the updated parameters and this step's
         `LossOutput.state_inputs` (global batch rows, in order); e.g. EMA and enqueue."""
+        return state
+
+    def prefill_batches(self, batch_size: int) -> int:
+        """How many batches of its stream (of `batch_size` global rows) the objective takes
+        before the first optimizer step to fill its state with `prefill`; 0 (the default):
+        none. The trainer asks once, at a run's start."""
+        del batch_size
+        return 0
+
+    def prefill(self, params: Any, state: Any, prepared: Batch, rng: Array) -> Any:
+        """The state after one batch of the fill before training: `prepared` is a batch of its
+        stream after `prepare` (with `ROW_IDS`), `params` the initial parameters (loaded ones
+        with `init_from`), `rng` the batch's loss key. Forward passes only: nothing here is
+        differentiated. Unchanged by default."""
+        del params, prepared, rng
         return state
 
 

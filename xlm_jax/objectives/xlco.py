@@ -20,11 +20,28 @@ queue otherwise learns to do. Facts kept from the reference implementation
 - the key encoder is the EMA `key = m * key + (1 - m) * params` after every optimizer step,
   projection included; it starts as a copy of the parameters (loaded ones for `init_from`);
 - the queue is a ring buffer of the keys of all devices (the keys here are the *global*
-  batch, so nothing needs gathering); the loss is off (0, with accuracy 0) until the queue
-  is full, while the first keys are enqueued (this pre-fill is also stated in the paper's
-  §3.3). Only real rows enter it: a padding row of a
-  static-shape batch (all `<pad>`, which unilm's variable-size batches never have) would
-  otherwise put a key that is no sentence among the negatives;
+  batch, so nothing needs gathering), full before the first optimizer step, so that XLCo's
+  loss is on from step 1: unilm's InfoXLM task (`infoxlm/src-infoxlm/infoxlm/tasks/infoxlm.py`,
+  `prepare_train` -> `fill_queue`) runs the XLCo criterion under `no_grad` on XLCo batches
+  until the queue is ready (the pre-fill is also stated in the paper's §3.3). Here (`initial_fill="prefill"`, the
+  default) the trainer hands `prefill` the XLCo stream's first queue_size / B batches (B: the
+  global batch) before step 1; their keys come from the key encoder at step 0, i.e. the
+  initial parameters (the loaded ones for `init_from`), with dropout on as unilm's
+  `model.train()`, and the stream continues after them: training starts at batch
+  queue_size / B, and the checkpoints' input positions count the fill (our choice: unilm
+  fills from a separate unshuffled pass over the XLCo data, queue / B + 100 batches, and its
+  training stream starts at the beginning). `initial_fill="warmup"` is this library's former
+  behaviour, kept as an option: no fill, and the loss is off (0, accuracy 0) until the first
+  training steps have enqueued queue_size keys. Only real rows enter the queue: a padding
+  row of a static-shape batch (all `<pad>`, which unilm's variable-size batches never have)
+  would otherwise put a key that is no sentence among the negatives (a fill whose batches
+  have padding rows leaves the queue short, and the loss waits for the training steps to
+  complete it);
+- keys enter the queue once per optimizer step, in global row order, after the EMA (they
+  were computed by the key encoder before it, as unilm's). Our choice: unilm enqueues inside
+  its criterion, once per micro-batch, so under gradient accumulation a step's later
+  micro-batches score against its earlier ones' keys; here every micro-batch scores against
+  the queue of the step's start, and accumulation equals one step of the whole batch;
 - both rows are MLM-masked (`mask_prob`, 80/10/10; no MLM loss on them);
 - one direction per example: the data already puts either side first at random;
 - dropout is on in both encoders while training (the key encoder runs in training mode under
@@ -57,6 +74,8 @@ QUEUE_AXES = ("queue", "embed_proj")  # logical names of the queue
 # The queue is replicated: every query scores every key (131072 x 768 fp32 = 0.4 GB per device
 # at base). A run may shard it with loop.train.axis_rule_overrides.
 QUEUE_RULES = (("queue", None),)
+# how the queue is first filled: before step 1 (unilm's `fill_queue`) or by the first steps
+INITIAL_FILLS = ("prefill", "warmup")
 
 
 class XLCo(Objective):
@@ -66,7 +85,8 @@ class XLCo(Objective):
                  layer: int | None = None, projection_dim: int = 0, temperature: float = 0.25,
                  queue_size: int = 131072, momentum: float = 0.999, mask_prob: float = 0.15,
                  max_predictions: int = 20, pooling: str = "cls", normalize: bool = False,
-                 in_batch_negatives: bool = False, use_lang_ids: bool | None = None):
+                 in_batch_negatives: bool = False, use_lang_ids: bool | None = None,
+                 initial_fill: str = "prefill"):
         """
         Args:
           kind: "mixup_pair" (InfoXLM mixup examples, `query_*`/`key_*` rows) or
@@ -87,6 +107,9 @@ class XLCo(Objective):
           pooling: "cls" (`<s>`, InfoXLM) or "mean" (over the row's tokens).
           normalize: L2-normalise queries and keys (MoCo); InfoXLM does not.
           in_batch_negatives: the other rows' keys of the step are negatives too (MoCo v3).
+          initial_fill: "prefill" (unilm's `fill_queue`: the queue is filled from the stream's
+            first queue_size / B batches before step 1, and the loss is on from step 1) or
+            "warmup" (no fill: the loss is 0 until the training steps have filled it).
         """
         cfg = model.config
         kind = check_kind(f"XLCo(name={name!r})", kind, KINDS)
@@ -104,6 +127,9 @@ class XLCo(Objective):
                                  ("mask_prob", mask_prob, 0.0 <= mask_prob < 1.0)):
             if not ok:
                 raise ValueError(f"XLCo(name={name!r}): {field}={value!r} is out of range")
+        if initial_fill not in INITIAL_FILLS:
+            raise ValueError(f"XLCo(name={name!r}): initial_fill={initial_fill!r} must be one of "
+                             f"{', '.join(INITIAL_FILLS)}")
         if pooling not in heads_lib.POOLING:
             raise ValueError(f"XLCo(name={name!r}): pooling={pooling!r} must be one of "
                              f"{', '.join(heads_lib.POOLING)}")
@@ -112,6 +138,7 @@ class XLCo(Objective):
         self.temperature, self.queue_size, self.momentum = temperature, queue_size, momentum
         self.pooling, self.normalize = pooling, normalize
         self.in_batch_negatives = in_batch_negatives
+        self.initial_fill = initial_fill
         self.masking = (MaskingConfig(mask_prob=mask_prob, max_predictions=max_predictions,
                                       mask_id=cfg.vocab_size - 1, vocab_size=cfg.vocab_size)
                         if mask_prob > 0 else None)
@@ -154,28 +181,57 @@ class XLCo(Objective):
     def after_update(self, params: Any, state: dict[str, Any], inputs: dict[str, jax.Array]
                      ) -> dict[str, Any]:
         """EMA of the key encoder, then the keys of the step's real rows (`inputs["valid"]`;
-        all rows when absent) into the ring buffer, in row order, wrapping at its end."""
+        all rows when absent) into the ring buffer (`_enqueue`)."""
         m = self.momentum
         key_params = jax.tree_util.tree_map(lambda k, p: m * k + (1.0 - m) * p,
                                             state["key_params"], self._own_params(params))
-        keys = inputs["keys"].astype(jnp.float32)
-        rows = keys.shape[0]
+        return {**self._enqueue(state, inputs["keys"], inputs.get("valid")),
+                "key_params": key_params}
+
+    def _enqueue(self, state: dict[str, Any], keys: jax.Array, valid: jax.Array | None
+                 ) -> dict[str, Any]:
+        """`state` with the keys of the real rows (`valid` > 0; all rows when None) in the ring
+        buffer, in row order from `ptr`, wrapping at its end; `filled` counts them (up to
+        queue_size). Without a queue, `state` as it is."""
         if not self.queue_size:
-            return {"key_params": key_params}
+            return dict(state)
+        keys = keys.astype(jnp.float32)
+        rows = keys.shape[0]
         if self.queue_size % rows:
             raise ValueError(f"XLCo(name={self.name!r}): queue_size={self.queue_size} is not "
                              f"a multiple of the global batch of {rows} rows; the ring buffer "
                              "takes whole batches")
-        valid = inputs.get("valid")
         valid = jnp.ones((rows,), bool) if valid is None else valid > 0
         # the i-th real row goes to slot ptr + i (mod size); padding rows to no slot (dropped)
         rank = jnp.cumsum(valid.astype(jnp.int32)) - 1
         slot = jnp.where(valid, (state["ptr"] + rank) % self.queue_size, self.queue_size)
         queue = state["queue"].at[slot].set(keys, mode="drop")
         n = jnp.sum(valid.astype(jnp.int32))
-        return {"key_params": key_params, "queue": queue,
-                "ptr": (state["ptr"] + n) % self.queue_size,
+        return {**state, "queue": queue, "ptr": (state["ptr"] + n) % self.queue_size,
                 "filled": jnp.minimum(state["filled"] + n, self.queue_size)}
+
+    def prefill_batches(self, batch_size: int) -> int:
+        """queue_size / batch_size batches fill the queue before step 1 (`initial_fill=
+        "prefill"`, unilm's `fill_queue`); none with "warmup" or without a queue."""
+        if self.initial_fill != "prefill" or not self.queue_size:
+            return 0
+        if self.queue_size % batch_size:
+            raise ValueError(f"XLCo(name={self.name!r}): queue_size={self.queue_size} is not "
+                             f"a multiple of the global batch of {batch_size} rows; the ring "
+                             "buffer takes whole batches")
+        return self.queue_size // batch_size
+
+    def prefill(self, params: Any, state: dict[str, Any], prepared: Batch, rng: jax.Array
+                ) -> dict[str, Any]:
+        """One batch of the fill: the keys of its key rows, from the key encoder (at step 0
+        the initial parameters) with dropout on and no gradient, into the queue; the key
+        encoder is not moved (unilm's fill calls no `update_slow_weight`). `rng` is drawn as
+        `loss` draws it, so a key gets the dropout masks it would get there."""
+        del params  # the key encoder is the initial encoder here
+        _, k_rng = jax.random.split(rng)
+        keys = self.represent(state["key_params"], prepared, self.key_prefix, k_rng,
+                              deterministic=False)
+        return self._enqueue(state, keys, self._valid_rows(prepared))
 
     # -- loss -----------------------------------------------------------------------------
 
