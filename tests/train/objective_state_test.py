@@ -23,7 +23,7 @@ EIGHT = dict(mesh=partitioning.MeshConfig(data=2, fsdp=2, tensor=2), num_devices
 
 def _with_xlco(queue_size=16, momentum=0.9, **kw):
     """MMLM + TLM + XLCo (with its projection module) on synthetic streams; batch 8 fills a
-    queue of 16 after 2 steps."""
+    queue of 16 with the stream's first 2 batches before step 1."""
     specs = mlm_objectives()
     specs["xlco"] = loop.ObjectiveSpec(
         factory=lambda model, name: XLCo(model, name=name, kind="mixup_pair", layer=1,
@@ -64,7 +64,8 @@ def test_key_encoder_is_sharded_like_the_params_and_the_queue_by_its_rule():
 def test_eight_devices_match_single_device_with_xlco(tmp_path):
     single = _train(tmp_path / "one", 6, objectives=_with_xlco())
     sharded = _train(tmp_path / "eight", 6, objectives=_with_xlco(), **EIGHT)
-    # XLCo's loss is on from step 3 (queue of 16 full after two batches of 8)
+    # XLCo's loss is on from step 1 (the queue of 16 filled from two batches of 8 before it);
+    # the fill runs over the sharded state too, so the queues below agree
     assert single.last_metrics["xlco/loss"] > 1.0
     np.testing.assert_allclose(sharded.losses, single.losses, atol=1e-5, rtol=0)
     a, b = _state(tmp_path / "eight"), _state(tmp_path / "one")
@@ -103,6 +104,8 @@ def test_init_from_starts_the_key_encoder_at_the_loaded_params(tmp_path):
     # the projection (an objective module) is not in the encoder checkpoint: it keeps its init
     _assert_close(start["obj_state"]["xlco"]["key_params"]["objectives"],
                   start["params"]["objectives"], 0.0)
+    # the queue was filled before step 1 from the loaded encoder (continued pre-training)
+    assert int(start["obj_state"]["xlco"]["filled"]) == 16
 
 
 @pytest.mark.parametrize("normalization", ["per_objective", "pooled"])

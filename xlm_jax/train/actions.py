@@ -168,14 +168,17 @@ class Evaluate(Action):
 
 class SaveCheckpoint(Action):
     """Every `CheckpointConfig.save_every_steps`, at the last step and at a preemption: the
-    state, its `ResumeInfo` and (data_resume 'checkpoint') each seqio stream's position;
+    state, its `ResumeInfo` (with the fill's batch counts, `train.prefill`) and
+    (data_resume 'checkpoint') each seqio stream's position;
     ranked by this step's eval scores when they hold `CheckpointConfig.best_metric`. `save_initial` writes step 0."""
 
     def __init__(self, ckpt: ckpt_lib.Checkpointer, enabled: bool, model_dir: str,
                  data_resume: str, streams: Mapping[str, Any],
-                 built: Mapping[str, data_state.SavedStream]):
+                 built: Mapping[str, data_state.SavedStream],
+                 prefill: Mapping[str, int] | None = None):
         self.ckpt, self.enabled, self.model_dir = ckpt, enabled, model_dir
         self.data_resume, self.streams, self.built = data_resume, streams, built
+        self.prefill = dict(prefill or {})  # the batches the fill before step 1 took
         self._unsaveable: set[str] = set()
 
     def will_save(self, step: int, final: bool) -> bool:
@@ -188,7 +191,8 @@ class SaveCheckpoint(Action):
         """Step 0, the untrained model (a baseline for evaluations)."""
         if self.enabled:
             self.ckpt.save(0, flax.serialization.to_state_dict(state),
-                           extra=ResumeInfo(0, jax.process_count()).to_json(), force=True)
+                           extra=ResumeInfo(0, jax.process_count(),
+                                            prefill=self.prefill).to_json(), force=True)
 
     def __call__(self, end: StepEnd, state: Any) -> None:
         if not end.saving:
@@ -196,7 +200,7 @@ class SaveCheckpoint(Action):
         positions = {} if self.data_resume != "checkpoint" else data_state.save(
             self.streams, self.built, self.model_dir, end.step, jax.process_index(),
             jax.process_count(), self._unsaveable, sys.stdout)
-        resume = ResumeInfo(end.step, jax.process_count(), positions)
+        resume = ResumeInfo(end.step, jax.process_count(), positions, self.prefill)
         ranked = end.scores if end.scores and self.ckpt.cfg.best_metric in end.scores else None
         self.ckpt.save(end.step, flax.serialization.to_state_dict(state),
                        extra=resume.to_json(), force=end.final, metrics=ranked)

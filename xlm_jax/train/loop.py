@@ -2,10 +2,11 @@
 
 setup (`train.setup`): checks that need nothing built -> model + objectives -> sharded state
 (init, pre-trained init, or restore with its `ResumeInfo`) -> data streams from the restored
-step. Then the step loop: each step is dispatched, and every periodic job — logging,
-the evaluators (`train.evaluators`), checkpoints, profiling, the operative config, a user's
-own — is an action called after it (`train.actions`). Everything else is wired in .gin files
-(`gin_configs/`), as t5x does.
+step -> at a run's start, the fill of objectives whose state must be ready at step 1
+(`train.prefill`: XLCo's queue). Then the step loop: each step is dispatched, and every
+periodic job — logging, the evaluators (`train.evaluators`), checkpoints, profiling, the
+operative config, a user's own — is an action called after it (`train.actions`). Everything
+else is wired in .gin files (`gin_configs/`), as t5x does.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from xlm_jax.train import writers as writers_lib
 from xlm_jax.train import mixture
 from xlm_jax.train import optim as optim_lib
 from xlm_jax.train import partitioning
+from xlm_jax.train import prefill
 from xlm_jax.train import preemption
 from xlm_jax.train import setup
 from xlm_jax.train import step as step_lib
@@ -160,6 +162,7 @@ def train(model_dir: str,
         ev.bind(context)
     ranked = evaluators_lib.check_keep_best(checkpoint, evals)
     parts = setup.build_state(net, objs, rules, optimizer, seq_len, device_mesh)
+    fill_plan = prefill.plan(objs, shapes)
     is_primary = jax.process_index() == 0
     if is_primary:
         setup.write_model_files(model_dir, model, spm_model, languages)
@@ -177,6 +180,10 @@ def train(model_dir: str,
         if not mixture.is_default(shapes, batch_size, seq_len):
             print(f"mixture: {mixture.describe(shapes)}", flush=True)
         step_fn = setup.jit_train_step(objs, parts, device_mesh, accum_steps, loss_normalization)
+        # objectives whose state must be ready at step 1 (XLCo's queue): forward passes of the
+        # initial parameters over their streams' first batches, once per run
+        state, resume = prefill.run(fill_plan, objs, state, streams, resume, parts.shardings,
+                                    device_mesh, seed)
 
         # ---- the actions, in the order they run after each step
         writer = writers_lib.MetricsWriter(model_dir, is_primary=is_primary,
@@ -187,7 +194,7 @@ def train(model_dir: str,
                                          start_step=resume.step),
             log_every, flops_per_token)
         saver = actions_lib.SaveCheckpoint(ckpt, save_checkpoints, model_dir, data_resume,
-                                           streams, built)
+                                           streams, built, resume.prefill)
         run_actions = [
             actions_lib.Profile(model_dir, profile_first_step, profile_steps, train_steps), log,
             actions_lib.Evaluate(evals, writer, ranked if save_checkpoints else None),

@@ -8,6 +8,9 @@ One record, written by the checkpoint action at every save and read once, at the
   data_state     per objective whose seqio stream saved its position: what the stream was
                  built from (`data_state.SavedStream` as JSON); empty with data_resume
                  'replay'/'reseed', or when no stream could save itself
+  prefill        per objective whose state was filled before step 1 (`train.prefill`): how
+                 many batches of its stream the fill took; None (absent from the JSON) in a
+                 record from before the fill existed, or of a run that has not yet filled
 Checkpoints written before this record existed also hold `data_position`, `data_resume` and
 `tasks`; nothing ever read them, and `from_json` ignores them (and any other key).
 """
@@ -25,10 +28,14 @@ class ResumeInfo:
     step: int
     process_count: int = 1
     data_state: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    prefill: Mapping[str, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "process_count": self.process_count,
-                "data_state": {k: dict(v) for k, v in self.data_state.items()}}
+        out = {"step": self.step, "process_count": self.process_count,
+               "data_state": {k: dict(v) for k, v in self.data_state.items()}}
+        if self.prefill is not None:
+            out["prefill"] = {k: int(v) for k, v in self.prefill.items()}
+        return out
 
     @classmethod
     def from_json(cls, extra: Mapping[str, Any], current_process_count: int) -> "ResumeInfo":
@@ -38,8 +45,15 @@ class ResumeInfo:
             raise ValueError(f"checkpoint record {sorted(extra)!r} has no 'step'")
         return cls(step=int(extra["step"]),
                    process_count=int(extra.get("process_count", current_process_count)),
-                   data_state=dict(extra.get("data_state") or {}))
+                   data_state=dict(extra.get("data_state") or {}),
+                   prefill=(None if extra.get("prefill") is None
+                            else {k: int(v) for k, v in extra["prefill"].items()}))
 
     def saved_positions_usable(self, process_count: int) -> bool:
         """Whether the saved input positions belong to a run of `process_count` processes."""
         return self.process_count == process_count
+
+    def prefilled(self, name: str) -> int:
+        """The batches of objective `name`'s stream that the fill before step 1 took (0 when
+        none, or when the record predates the fill)."""
+        return int((self.prefill or {}).get(name, 0))

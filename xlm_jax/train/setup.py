@@ -354,7 +354,8 @@ def make_streams(tasks: Mapping[str, streams_lib.Task], shapes: Mapping[str, mix
 
     A stream whose position the checkpoint saved is rebuilt with its saved seed and put
     back there; any other continues by `data.resume_plan` from the number of steps before
-    the start that its objective ran at (`mixture.Shape.runs_before`), except a prepared
+    the start that its objective ran at (`mixture.Shape.runs_before`) plus the batches the
+    fill before step 1 took from it (`ResumeInfo.prefill`, `train.prefill`), except a prepared
     stream whose position another process count saved: it is reseeded (`resume_plan`'s
     "reseed"), constant-time and deterministic, where replaying would cost the pipeline
     time of every step before. A task is a name (seqio, synthetic:KIND) or a stream object
@@ -379,8 +380,9 @@ def make_streams(tasks: Mapping[str, streams_lib.Task], shapes: Mapping[str, mix
                 # at once (docs/scaling.md) instead of replaying every batch before the step
                 mode = "reseed"
                 reseeded.append(name)
-            stream_seed, position = streams_lib.resume_plan(here.seed, shape.runs_before(start),
-                                                         mode)
+            # the batches its steps drew, and those the fill before step 1 took
+            stream_seed, position = streams_lib.resume_plan(
+                here.seed, shape.runs_before(start) + resume.prefilled(name), mode)
             if position and streams_lib.is_seqio(task):
                 replayed.append(name)
         streams[name] = streams_lib.make_stream(

@@ -89,7 +89,7 @@ def _split_micro(tree: Any, accum: int) -> Any:
     return jax.tree_util.tree_map(split, tree)
 
 
-def _with_row_ids(prepared: Batch) -> Batch:
+def with_row_ids(prepared: Batch) -> Batch:
     """`prepared` with ROW_IDS: each row's index in this step's global batch, so that
     dropout masks are drawn per row (`models.common.keep_mask`) and a microbatch draws the
     masks its rows get in the whole batch."""
@@ -184,7 +184,7 @@ def make_train_step(objectives: Sequence[WeightedObjective],
         prepared, counts, loss_rngs = {}, {}, {}
         for i, o in indexed:
             prep_rng, loss_rngs[o.name] = jax.random.split(jax.random.fold_in(step_rng, i))
-            prepared[o.name] = _with_row_ids(o.objective.prepare(batches[o.name], prep_rng))
+            prepared[o.name] = with_row_ids(o.objective.prepare(batches[o.name], prep_rng))
             # the global batch's units, before the microbatch split
             counts[o.name] = o.objective.counts(prepared[o.name])
         factors = mixture_factors(ran, counts, normalization)
