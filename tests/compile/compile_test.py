@@ -64,15 +64,13 @@ def test_reduced_step_compiles_for_tpu_and_its_arguments_match_its_shapes(run_fi
     assert mem["alias"] > 0  # the donated state is aliased to the new state
     assert mem["total"] == (mem["argument"] + mem["output"] - mem["alias"] + mem["temp"]
                             + mem["generated_code"])
-    # the fused attention is in the compiled step: Mosaic TPU kernel calls
+    # the fused attention is in the compiled step: Mosaic TPU kernel calls; MMLM's one layer
+    # has one forward kernel and the two backward ones (dq; dk and dv)
     assert r["custom_calls"].get("tpu_custom_call", 0) > 0, r["custom_calls"]
+    if run_file == "runs/xlmr_base_mmlm.gin":
+        assert r["custom_calls"] == {"tpu_custom_call": 3}
     assert r["device_memory_bytes"] == int(15.75 * 2**30)  # v5e's HBM as XLA:TPU states it
     assert r["flops_per_device"]["xla"] > 0 and r["flops_per_device"]["ours"] > 0
-
-
-def test_mmlm_kernel_calls_are_one_forward_and_two_backward_per_layer():
-    r = _compile("runs/xlmr_base_mmlm.gin", [])
-    assert r["custom_calls"] == {"tpu_custom_call": 3}
 
 
 def test_a_run_file_mesh_that_cannot_split_the_batch_gives_way_to_the_tools_choice():

@@ -87,8 +87,10 @@ def test_every_pass_sees_what_the_paper_says():
     tlm = _run_objective(MaskedLM(NET, "tlm", "pair", max_predictions=2), PAIR)
     camlm = _run_objective(CrossAttentionMLM(NET, max_predictions=2), PAIR)
     one = _run_objective(CrossAttentionMLM(NET, max_predictions=2, passes="one"), PAIR)
+    # one placeholder (25% of the 4-token sentence): the target side `</s> <mask> </s>` takes
+    # the pair's target columns, so the stage-1 matrix is CAMLM's target pass
     bt = _run_objective(BackTranslationMLM(NET, languages=None, target_languages=["a", "b"],
-                                           proportion=0.75, max_predictions=2), MONO)
+                                           proportion=0.25, max_predictions=2), MONO)
     assert len(mmlm) == len(tlm) == len(one) == layers and len(camlm) == len(bt) == 2 * layers
     for got, name in [(mmlm, "mmlm"), (tlm, "tlm"), (camlm[:layers], "camlm_src"),
                       (camlm[layers:], "camlm_tgt"), (bt[:layers], "btmlm_stage1"),
@@ -186,31 +188,39 @@ def _btmlm(**kw):
     return BackTranslationMLM(NET, languages=["en", "de", "fr", "ja", "zh"], **kw)
 
 
-def test_btmlm_stage_inputs():
-    obj = _btmlm(proportion=0.2)
+@pytest.mark.parametrize("restart", [False, True])
+def test_btmlm_stage_inputs(restart):
+    """Stage 1's row is CAMLM's layout: the (cut) sentence, then `</s>`, the placeholders and
+    `</s>` on side 2 in the target language, positions restarting at side 2 when asked
+    (tests/objectives/ernie_m_layout_test.py compares it with a CAMLM row)."""
+    obj = _btmlm(proportion=0.2, restart_positions=restart)
     batch = {k: jnp.asarray(v) for k, v in synthetic_batch(6, 20, V, "mono", seed=3,
                                                            num_languages=5).items()}
     n = (np.asarray(batch["segment_ids"]) > 0).sum(1)
     prep = obj.prepare(batch, jax.random.PRNGKey(1))
-    keep_max = int(20 // 1.2)  # 16
+    keep_max = int((20 - 2) // 1.2)  # 15: the target side's two </s> take room too
     assert n.max() > keep_max  # the seed has rows that must be cut
     ids, s1 = np.asarray(batch["input_ids"]), np.asarray(prep["stage1_ids"])
     for b in range(6):
         keep = min(n[b], keep_max)
         m = max(1, int(np.floor(0.2 * keep + 0.5)))
+        end = keep + m + 2
         src = ids[b, :keep].copy()
         if n[b] > keep:
             src[-1] = 2  # the cut sentence ends with </s>
         np.testing.assert_array_equal(s1[b, :keep], src)
-        np.testing.assert_array_equal(s1[b, keep:keep + m], MASK)
-        assert (s1[b, keep + m:] == CFG.pad_id).all()
-        np.testing.assert_array_equal(prep["positions"][b, :keep + m], np.arange(keep + m))
+        np.testing.assert_array_equal(s1[b, keep:end], [2] + [MASK] * m + [2])
+        assert (s1[b, end:] == CFG.pad_id).all()
+        side2 = np.arange(m + 2) if restart else np.arange(keep, end)
+        np.testing.assert_array_equal(prep["positions"][b, :end],
+                                      np.concatenate([np.arange(keep), side2]))
+        np.testing.assert_array_equal(prep["pair_side"][b, :end], [1] * keep + [2] * (m + 2))
         own, tgt = batch["lang_ids"][b, 0], prep["target_language"][b]
         assert tgt in (1, 2, 3) and tgt != own or own not in (1, 2, 3) and tgt in (1, 2, 3)
         np.testing.assert_array_equal(prep["lang_ids"][b, :keep], own)
-        np.testing.assert_array_equal(prep["lang_ids"][b, keep:keep + m], tgt)
+        np.testing.assert_array_equal(prep["lang_ids"][b, keep:end], tgt)
         np.testing.assert_array_equal(prep["placeholder_positions"][b][
-            np.asarray(prep["placeholder_weights"][b]) > 0], np.arange(keep, keep + m))
+            np.asarray(prep["placeholder_weights"][b]) > 0], np.arange(keep + 1, keep + 1 + m))
         # stage 2 masks sentence tokens only
         w = np.asarray(prep["target_weights"][b]) > 0
         assert (np.asarray(prep["target_positions"][b])[w] < keep).all() and w.any()

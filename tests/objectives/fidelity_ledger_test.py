@@ -66,6 +66,8 @@ STATEMENTS = [
     ("## ERNIE-M", "Sequence length", ("§4.1",)),
     ("## ERNIE-M", "Dropout", ("Table 11",)),
     ("## ERNIE-M", "Language embeddings", ("§3",)),
+    ("## ERNIE-M", "BTMLM placeholder layout", ("our reading", "BTMLM paragraph")),
+    ("## ERNIE-M", "TLM/CAMLM/BTMLM positions", ("our choice", "§3.3")),
     ("## VECO", "Loss", ("Eq. 8", "our choice")),
     ("## VECO", "IS corruption", ("§2.2",)),
     ("## VECO", "CS-MLM answer", ("our reading", "footnote 3", "§2.2")),

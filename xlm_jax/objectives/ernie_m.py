@@ -29,24 +29,32 @@ differentiated encoder passes per pair, twice the encoder compute of one pass (t
 
 **BTMLM** (`BackTranslationMLM`, monolingual rows), two stages inside one train step
 (paper §3, BTMLM paragraph, Fig. 4):
-1. the sentence is followed by placeholder `<mask>` tokens, `proportion` x its length of them
-   (paper Fig. 6 tries 5-20%; default 15%, our choice), carrying a target-language id and the
-   positions that continue the sentence's. Sentence tokens see the sentence; a placeholder sees
-   the sentence and itself (`masks.btmlm_stage1_mask`), so all placeholders are filled in one
-   non-autoregressive pass, from the current parameters under `stop_gradient`, without dropout;
-   argmax by default (`decoding="sample"` samples at `temperature`; the paper gives no rule:
-   our choice), over regular tokens only.
-2. the sentence plus its pseudo-tokens, attending bidirectionally, with source tokens masked
-   (80/10/10 as MLM: our choice, the paper does not say how the masked source tokens are
-   corrupted; the pseudo-tokens are never masked), restores the masked source tokens:
-   `L_BTMLM` is the mean CE over those positions (a mean: our choice, as above).
+1. the sentence is followed by a target side laid out as CAMLM's `</s> y </s>`: `</s>`
+   (with the sentence's own `</s>`, the pair separator `</s></s>`), placeholder `<mask>`
+   tokens, `proportion` x the sentence's length of them (paper Fig. 6 tries 5-20%; default
+   15%, our choice), and `</s>`; the target side carries a target-language id and CAMLM's
+   positions under the same setting (`restart_positions`: counting from 0 at the side's
+   first `</s>`, else running on from the sentence's), `pair_side` 2 and the sentence's
+   packing segment. The paper's placeholders "indicate the language and position we want to
+   predict" and BTMLM builds on what CAMLM learns (§3, BTMLM paragraph): the layout is
+   CAMLM's target side, so stage 1 asks the model the question CAMLM trained it on (our
+   reading; tests/objectives/ernie_m_layout_test.py). Sentence tokens see the sentence; a
+   target-side token sees the sentence and itself (`masks.btmlm_stage1_mask`), so all
+   placeholders are filled in one non-autoregressive pass, from the current parameters under
+   `stop_gradient`, without dropout; argmax by default (`decoding="sample"` samples at
+   `temperature`; the paper gives no rule: our choice), over regular tokens only.
+2. the same row with the pseudo-tokens in the placeholders (`<s> x </s></s> y' </s>`, TLM's
+   layout), attending bidirectionally, with source tokens masked (80/10/10 as MLM: our
+   choice, the paper does not say how the masked source tokens are corrupted; the
+   pseudo-tokens are never masked), restores the masked source tokens: `L_BTMLM` is the mean
+   CE over those positions (a mean: our choice, as above).
 `start_step` > 0 switches BTMLM's loss on only after that many of its updates (its loss and
 gradient are 0 before; the passes still run, so the step's shape never changes): the paper
 builds BTMLM on the transfer CAMLM learns, but gives no step at which BTMLM starts. 0 (from
 the first step) is the default; the run files' value is labelled there.
-A row stays `T` long: a sentence longer than `T / (1 + proportion)` tokens is cut to that
-length (its last kept token becomes `</s>`) to make room for its placeholders (our choice; the
-paper does not say how length is budgeted). The target language of a row is drawn uniformly
+A row stays `T` long: a sentence longer than `(T - 2) / (1 + proportion)` tokens is cut to
+that length (its last kept token becomes `</s>`) to make room for its target side (our
+choice; the paper does not say how length is budgeted). The target language of a row is drawn uniformly
 among `target_languages` (the languages of the parallel data) other than the row's own; a
 list holding only the row's language gives that language (both our choices).
 
@@ -79,6 +87,9 @@ PASSES = ("two", "one")
 # of the slots)
 CORRUPTIONS = ("mask", "80_10_10")
 DECODINGS = ("argmax", "sample")
+# BTMLM's target side is laid out as CAMLM's `</s> y </s>`: the `</s>` that opens it (with the
+# sentence's own `</s>`, the pair separator `</s></s>`) and the one that closes it
+TARGET_SIDE_SPECIALS = 2
 
 
 def visibility(features: Mapping[str, jax.Array], kind: str) -> TokenMask:
@@ -231,11 +242,13 @@ class BackTranslationMLM(Objective):
                  target_languages: Sequence[str] = (), proportion: float = 0.15,
                  decoding: str = "argmax", temperature: float = 1.0, mask_prob: float = 0.15,
                  max_predictions: int = 20, start_step: int = 0,
-                 train_steps: int | None = None):
+                 train_steps: int | None = None, restart_positions: bool = False):
         """`languages`: the run's `lang_ids` table (the trainer passes it; None for synthetic
         streams, which carry no codes); `target_languages` are resolved in it here.
         `start_step`: BTMLM's loss counts from its `start_step`-th update on (0 = from the
-        first); `train_steps`: the run's length, to refuse a start the run never reaches."""
+        first); `train_steps`: the run's length, to refuse a start the run never reaches.
+        `restart_positions`: the placeholder side's positions count from 0, as CAMLM's target
+        side under the same setting (`RESTART_TARGET_POSITIONS` sets both); off = running on."""
         owner = f"BackTranslationMLM(name={name!r})"
         self.owner = owner
         _require_languages(owner, model)
@@ -263,6 +276,7 @@ class BackTranslationMLM(Objective):
         self.proportion, self.decoding, self.temperature = float(proportion), decoding, temperature
         self.masking = _masking(model, mask_prob, max_predictions)
         self.target_ids = self._target_ids(languages)
+        self.restart_positions = bool(restart_positions)
 
     def _target_ids(self, languages: Sequence[str] | None) -> tuple[int, ...]:
         """`target_languages` as `lang_ids` of the run's table. Synthetic streams have no
@@ -281,9 +295,11 @@ class BackTranslationMLM(Objective):
     # -- stage inputs ---------------------------------------------------------------------
 
     def _slots(self, length: int) -> tuple[int, int]:
-        """(longest kept sentence, placeholder slots) for rows of `length` tokens."""
-        keep = int(length // (1.0 + self.proportion))
-        return keep, min(length - 1, math.ceil(self.proportion * keep) + 1)
+        """(longest kept sentence, placeholder slots) for rows of `length` tokens: the
+        sentence, its placeholders and the target side's two `</s>` fit in the row."""
+        keep = int((length - TARGET_SIDE_SPECIALS) // (1.0 + self.proportion))
+        return keep, max(1, min(length - 1 - TARGET_SIDE_SPECIALS,
+                                math.ceil(self.proportion * keep) + 1))
 
     def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
         """Cuts and extends every row for the two stages, draws target languages and the
@@ -295,10 +311,13 @@ class BackTranslationMLM(Objective):
         n = jnp.sum((batch["segment_ids"] > 0).astype(jnp.int32), axis=1)
         keep = jnp.minimum(n, keep_max)
         m = jnp.where(keep > 0, jnp.maximum(1, jnp.floor(self.proportion * keep + 0.5)), 0)
-        m = jnp.minimum(m.astype(jnp.int32), length - keep)
+        m = jnp.clip(m.astype(jnp.int32), 0, length - TARGET_SIDE_SPECIALS - keep)
+        # the target side, as CAMLM's `</s> y </s>`: `</s>`, m placeholders, `</s>`
+        side2_len = jnp.where(keep > 0, m + TARGET_SIDE_SPECIALS, 0)
         idx = jnp.arange(length)[None, :]
         src = idx < keep[:, None]
-        ph = (idx >= keep[:, None]) & (idx < (keep + m)[:, None])
+        side2 = (idx >= keep[:, None]) & (idx < (keep + side2_len)[:, None])
+        ph = side2 & (idx > keep[:, None]) & (idx <= (keep + m)[:, None])
         pad = self.model.config.pad_id
         source = jnp.where(src, ids, pad)
         cut = (n > keep)[:, None] & (idx == keep[:, None] - 1)
@@ -312,20 +331,22 @@ class BackTranslationMLM(Objective):
         pick = jax.random.categorical(lang_rng, jnp.where(choices, 0.0, -jnp.inf), axis=-1)
         target_lang = targets[pick]
 
-        real = src | ph
-        features = {
+        real = src | side2
+        features = with_restarted_positions({
             "positions": jnp.where(real, idx, 0).astype(jnp.int32),
             "segment_ids": real.astype(jnp.int32),
-            "pair_side": jnp.where(src, 1, jnp.where(ph, 2, 0)).astype(jnp.int32),
+            "pair_side": jnp.where(src, 1, jnp.where(side2, 2, 0)).astype(jnp.int32),
             "lang_ids": jnp.where(src, own[:, None],
-                                  jnp.where(ph, target_lang[:, None], 0)).astype(jnp.int32)}
+                                  jnp.where(side2, target_lang[:, None], 0)).astype(jnp.int32)},
+            self.restart_positions)
         mask_id = jnp.asarray(self.masking.mask_id, ids.dtype)
-        stage1 = jnp.where(ph, mask_id, source)
+        target_side = jnp.where(ph, mask_id, jnp.asarray(EOS_ID, ids.dtype))
+        stage1 = jnp.where(side2, target_side, source)
         masked = mask_tokens(mask_rng, source, src, self.masking)
         slot = jnp.arange(slots)[None, :]
         return {**features, "source_ids": source, "stage1_ids": stage1,
-                "input_ids": jnp.where(ph, mask_id, masked.input_ids),
-                "placeholder_positions": jnp.minimum(keep[:, None] + slot, length - 1
+                "input_ids": jnp.where(side2, target_side, masked.input_ids),
+                "placeholder_positions": jnp.minimum(keep[:, None] + 1 + slot, length - 1
                                                      ).astype(jnp.int32),
                 "placeholder_weights": (slot < m[:, None]).astype(jnp.float32),
                 "target_language": target_lang,
