@@ -8,7 +8,7 @@ demos (`python -m xlm_jax.demo`) share:
   `--gin.LeagueConfig.NAME=VALUE`).
 - `RECIPES`: the recipe names; recipe R is `gin_configs/league/R.gin`.
 - `recipe_cost`: a recipe's FLOPs per step by the trainer's own accounting
-  (`xlm_jax.train.flops.mixture_flops_per_token`, which counts XLM-E's generator, ERNIE-M's two
+  (`xlm_jax.train.flops.mixture_flops_per_token`, which counts XLM-E's generator, ERNIE-M's
   CAMLM passes and BTMLM's decoding pass, VECO's four passes, XLCo's key encoder). It is the one
   place that calls into trainer internals (`_trainer_cost`), so it is easy to adapt if they move.
 - `fraction_of_steps`: a gin-callable step count as a fraction of TRAIN_STEPS (warm-ups that

@@ -85,7 +85,7 @@ def test_every_pass_sees_what_the_paper_says():
     layers = 2
     mmlm = _run_objective(MaskedLM(NET, "mmlm", "mono", max_predictions=2), MONO)
     tlm = _run_objective(MaskedLM(NET, "tlm", "pair", max_predictions=2), PAIR)
-    camlm = _run_objective(CrossAttentionMLM(NET, max_predictions=2), PAIR)
+    camlm = _run_objective(CrossAttentionMLM(NET, max_predictions=2, passes="two"), PAIR)
     one = _run_objective(CrossAttentionMLM(NET, max_predictions=2, passes="one"), PAIR)
     # one placeholder (25% of the 4-token sentence): the target side `</s> <mask> </s>` takes
     # the pair's target columns, so the stage-1 matrix is CAMLM's target pass
@@ -120,7 +120,7 @@ def test_camlm_prediction_ignores_its_own_side_at_every_depth(side):
         src, tgt = compiled[obj](params, prep["input_ids"] if ids is None else ids)
         return prep, np.asarray(src if side == 1 else tgt)
 
-    two = CrossAttentionMLM(NET, max_predictions=3, mask_prob=0.3)
+    two = CrossAttentionMLM(NET, max_predictions=3, mask_prob=0.3, passes="two")
     one = CrossAttentionMLM(NET, max_predictions=3, mask_prob=0.3, passes="one")
     params = _params(two)
     prep, base = logits(two, None)

@@ -16,16 +16,19 @@ symbol of this sentence, which provides the position and language information" (
 paragraph). `corruption="80_10_10"` (BERT's corruption, our option) leaves the original token
 in place for ~10% of the predictions, and since a predicted slot sees itself, those
 predictions read their own answer (tests/objectives/answer_leak_test.py). Fig. 2 draws this
-visibility as one matrix (each side sees the other side and itself). Applied in one forward
-pass, that matrix lets a source token read the other source tokens in two hops in any model
-deeper than one layer (source -> target at layer l, target -> source at layer l + 1), while
-the text says the source is restored from the target. The
-default, `passes="two"`, runs one pass per predicted side in which the other side sees only
-itself (`masks.camlm_pass_mask`), so a source prediction is a function of the target and its
-own position at every depth; `passes="one"` is Fig. 2's single matrix (half the compute).
-Which of the two the paper ran is not stated: the default is our reading. Its cost: two
-differentiated encoder passes per pair, twice the encoder compute of one pass (the FLOP count,
-`CrossAttentionMLM.flops_per_example`, and so MFU already count both passes).
+visibility as one matrix (each side sees the other side and itself), and the default,
+`passes="one"`, applies it in one forward pass. The paper's §4.3 reports ERNIE-M's training
+speed as 1.075x that of XLM-R with TLM: with one pass, the trainer's FLOP count makes the
+full recipe (MMLM + TLM + CAMLM + BTMLM) 1.12-1.14x MMLM + TLM per token, with two 1.33x, so
+one pass is what that cost describes (docs/fidelity.md, "CAMLM passes", has the figures and
+the command). In a model deeper than one layer, one pass lets a source token read the other
+source tokens in two hops (source -> target at layer l, target -> source at layer l + 1); the
+predicted tokens are `<mask>`, so no answer is read (tests/objectives/answer_leak_test.py),
+but the context is not only the other side's. `passes="two"` (our option, a stricter reading
+of the paragraph's "restore from the other side") runs one pass per predicted side in which
+the other side sees only itself (`masks.camlm_pass_mask`), so a source prediction is a
+function of the target and its own position at every depth, at twice the encoder compute
+(`CrossAttentionMLM.flops_per_example`, and so MFU, count the passes run).
 
 **BTMLM** (`BackTranslationMLM`, monolingual rows), two stages inside one train step
 (paper §3, BTMLM paragraph, Fig. 4):
@@ -151,7 +154,7 @@ class CrossAttentionMLM(Objective):
     term_weights = {"src": 1.0, "tgt": 1.0}
 
     def __init__(self, model: Transformer, name: str = "camlm", mask_prob: float = 0.15,
-                 max_predictions: int = 20, passes: str = "two", corruption: str = "mask",
+                 max_predictions: int = 20, passes: str = "one", corruption: str = "mask",
                  restart_positions: bool = False):
         owner = f"CrossAttentionMLM(name={name!r})"
         _require_languages(owner, model)
