@@ -45,6 +45,7 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -342,12 +343,15 @@ def _setup_devices(devices: int) -> None:
 
 
 def _runtime_installed() -> bool:
-    """Whether libtpu or the CUDA plugin is installed (then --target can compile for real)."""
+    """Whether libtpu or jax's CUDA plugin is installed (then --target can compile for real)."""
     import importlib.util
 
-    from xlm_jax.compile import targets
-
-    return importlib.util.find_spec("libtpu") is not None or targets.cuda_plugin_installed()
+    if importlib.util.find_spec("libtpu") is not None:
+        return True
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -379,8 +383,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(rewrite_gin_args(argv))  # --gin.NAME=VALUE -> --gin_bindings
     bindings = list(args.gin_bindings)
     if args.target:  # the same report, by the target's own compiler on compile-only devices
-        from xlm_jax.compile import __main__ as compile_cli
-
         passed = [f"--gin_file={f}" for f in args.gin_file]
         passed += [f"--gin_bindings={b}" for b in bindings] + ["--target", args.target]
         for flag in ("batch_size", "seq_len", "size", "json"):
@@ -388,7 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 passed += [f"--{flag}", str(getattr(args, flag))]
         if "--mesh" in " ".join(argv):
             passed += ["--mesh", args.mesh]
-        return compile_cli.main(passed)
+        # its own process: the compile tool sets up jax for compile-only devices itself
+        return subprocess.run([sys.executable, "-m", "xlm_jax.compile", *passed]).returncode
     _setup_devices(args.devices)
     from xlm_jax.train import partitioning
 

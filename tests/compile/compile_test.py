@@ -157,7 +157,7 @@ class _no_raise:
         return False
 
 
-def test_pod_memory_with_a_target_is_a_view_of_the_compiled_report(tmp_path, capsys):
+def test_pod_memory_with_a_target_is_a_view_of_the_compiled_report(tmp_path, capfd):
     from xlm_jax import pod_memory
 
     out = tmp_path / "r.json"
@@ -165,7 +165,7 @@ def test_pod_memory_with_a_target_is_a_view_of_the_compiled_report(tmp_path, cap
                             "--size", "tiny", "--batch_size", "8", "--seq_len", "128",
                             "--gin.loop.model_config.overrides={'num_layers': 1}",
                             "--json", str(out)])
-    text = capsys.readouterr().out
+    text = capfd.readouterr().out  # the compile tool runs in a process of its own
     assert code == 0
     assert "on v5e:2x2 (4 x TPU v5 lite)" in text and "compiles and fits" in text
     r = __import__("json").loads(out.read_text())
