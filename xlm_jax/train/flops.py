@@ -8,8 +8,9 @@ evaluates the vocabulary everywhere):
   per token per layer: 2 * (4 d^2 + 2 d f)  (projections + FFN)  + 2 * 2 * T * d  (scores, values)
   head per prediction slot: 2 * (d^2 + d V).
 Each built-in objective counts its own passes analytically (`Objective.flops_per_example`:
-XLM-E's generator and discriminator, XLCo's key encoder, ERNIE-M's two CAMLM passes and
-BTMLM's decoding pass, VECO's four passes with cross-attention); `tests/train/flops_test.py`
+XLM-E's generator and discriminator, XLCo's key encoder, ERNIE-M's CAMLM pass (two with
+`passes='two'`) and BTMLM's decoding pass, VECO's four passes with cross-attention);
+`tests/train/flops_test.py`
 checks every count against the dot products in the jaxpr of the objective's gradient. An
 objective without an analytic count (a new one: the default returns None) is counted from
 that jaxpr itself (`jaxpr_flops_per_example`), so its MFU is right without a formula or a
