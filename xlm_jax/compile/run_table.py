@@ -177,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=2, help="compiles at once")
     p.add_argument("--only", default=None, help="a glob over run files, e.g. 'runs/xlme_*'")
     p.add_argument("--out", default=None, help="also write the table here")
-    p.add_argument("--json", default=None, help="also write every report here")
+    p.add_argument("--json", default=None, help="also write every report here, one JSON line "
+                   "each as it comes; a rerun keeps the run files already there")
     p.add_argument("--smallest", action="store_true", help="the smallest slice of each chip "
                    "each run file fits on (module docstring), instead of the named targets")
     p.add_argument("--chips", default=",".join(SLICES), help="chips for --smallest")
@@ -205,13 +206,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {', '.join(missing)}: no '# compile target:' line (nor in an included "
               "run file)", file=sys.stderr)
         return 2
+    done = _done(args.json)
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        reports = list(pool.map(lambda ft: compile_one(ft[0], ft[1], []), todo))
+        reports = list(pool.map(
+            lambda ft: done.get(ft[0]) or _kept(compile_one(ft[0], ft[1], []), args.json), todo))
     wall = time.perf_counter() - t0
     table = "\n".join([HEADER] + [row(r) for r in reports])
     table += f"\n\n{len(reports)} run files in {wall / 60:.1f} min ({args.jobs} at once)\n"
     return _emit(table, reports, args, 0 if all(r.get("fits") for r in reports) else 1)
+
+
+def _done(path: str | None) -> dict[str, dict[str, Any]]:
+    """The reports a previous run wrote to `path` (JSON lines), by run file."""
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        reports = [json.loads(line) for line in f if line.strip()]
+    return {r["run_file"]: r for r in reports if "run_file" in r and "chip" not in r}
+
+
+def _kept(report: dict[str, Any], path: str | None) -> dict[str, Any]:
+    """Appends `report` to `path` (JSON lines) at once, so that a killed run keeps it."""
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(report) + "\n")
+    return report
 
 
 def _emit(table: str, reports: list[dict[str, Any]], args: argparse.Namespace, code: int) -> int:
@@ -220,9 +240,9 @@ def _emit(table: str, reports: list[dict[str, Any]], args: argparse.Namespace, c
     if args.out:
         with open(args.out, "w") as f:
             f.write(table)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(reports, f, indent=1)
+    if args.json and args.smallest:
+        with open(args.json, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in reports)
     return code
 
 
