@@ -52,14 +52,23 @@ ASSUMED_CUDNN_VERSION = 91000
 @contextlib.contextmanager
 def assume_cudnn(platform: str) -> Iterator[None]:
     """On a machine without cuDNN, let jax trace cuDNN attention for a CUDA lowering by
-    answering its version query with ASSUMED_CUDNN_VERSION (lowering only: nothing runs)."""
+    answering its version query with ASSUMED_CUDNN_VERSION (lowering only: nothing runs).
+    The query fails without a CUDA jaxlib (no `cuda_versions`) and, with the CUDA plugin
+    but no cuDNN library (compile-only GPUs: `xlm_jax.compile`), with "cuDNN not found"."""
     from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
 
     original = cudnn_fa.check_cudnn_version
-    if platform != "cuda" or cudnn_fa.cuda_versions is not None:
+    if platform != "cuda":
         yield
         return
-    cudnn_fa.check_cudnn_version = lambda: ASSUMED_CUDNN_VERSION
+
+    def version() -> int:
+        try:
+            return original()
+        except RuntimeError:  # no cuDNN here: the version we lower for
+            return ASSUMED_CUDNN_VERSION
+
+    cudnn_fa.check_cudnn_version = version
     try:
         yield
     finally:

@@ -104,6 +104,8 @@ def compile_run(gin_files: Sequence[str], bindings: Sequence[str], target: targe
         "device_memory_bytes": memory.bytes, "device_memory_source": memory.source,
         "state_per_device_bytes": _state(built),
     }
+    if platform == "cuda":  # cuDNN attention was traced for this version (none is installed)
+        out["assumed_cudnn_version"] = lower_lib.ASSUMED_CUDNN_VERSION
     knobs = report_lib.Knobs(model.remat, out["mesh"], len(devs), kw["accum_steps"],
                              max(rows) // batch_ways)
     out["first_knob"] = report_lib.first_knob(knobs)
