@@ -89,6 +89,8 @@ def compile_one(run_file: str, target: str, extra: Sequence[str]) -> dict[str, A
         if os.path.exists(out):
             with open(out) as f:
                 report = json.load(f)
+        elif proc.returncode < 0:  # killed, e.g. by the kernel when the host ran out
+            report = {"error": f"killed by signal {-proc.returncode} (host memory?)"}
         else:
             lines = proc.stderr.strip().splitlines()
             report = {"error": lines[-1] if lines else f"exit {proc.returncode}"}
@@ -223,7 +225,9 @@ def _done(path: str | None) -> dict[str, dict[str, Any]]:
         return {}
     with open(path) as f:
         reports = [json.loads(line) for line in f if line.strip()]
-    return {r["run_file"]: r for r in reports if "run_file" in r and "chip" not in r}
+    # the last report of each run file, unless its process was killed (that one runs again)
+    return {r["run_file"]: r for r in reports
+            if "run_file" in r and "chip" not in r and r.get("exit", 0) >= 0}
 
 
 def _kept(report: dict[str, Any], path: str | None) -> dict[str, Any]:
