@@ -88,8 +88,8 @@ def compile_run(gin_files: Sequence[str], bindings: Sequence[str], target: targe
         with partitioning.activate(built.mesh, built.rules):
             lowered = built.step_fn.trace(*built.args).lower()
     t1 = time.perf_counter()
-    ours = sum(s.batch_size * flops_lib.objective_flops_per_example(o.objective, s.seq_len)
-               for o in built.objs for n, s in built.shapes.items() if n == o.name)
+    ours = sum(built.shapes[o.name].batch_size * flops_lib.objective_flops_per_example(
+        o.objective, built.shapes[o.name].seq_len) for o in built.objs if o.name in built.shapes)
     batch_ways = mesh["data"] * mesh["fsdp"]
     out: dict[str, Any] = {
         "gin_files": list(gin_files), "target": target.name, "platform": platform,

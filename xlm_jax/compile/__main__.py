@@ -10,6 +10,10 @@ from xlm_jax import cli_help
 from xlm_jax.compile import report as report_lib
 from xlm_jax.compile import targets as targets_lib
 
+from xlm_jax.lower import BACKENDS  # imports no jax: this CLI sets jax's environment first
+
+# models.config.REMAT_POLICIES, restated: importing it imports jax before the target's
+# environment (JAX_PLATFORMS and libtpu's variables) is set
 REMAT = ("none", "full", "dots_saveable")
 
 
@@ -38,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--accum_steps", type=int, default=None,
                    help="override loop.train.accum_steps (gradient accumulation)")
     p.add_argument("--attention_backend", default=None,
-                   help="override the run file's: xla, cudnn, pallas, auto")
+                   help=f"override the run file's: {', '.join(BACKENDS)}")
     p.add_argument("--size", default=None, help="model size override, e.g. tiny")
     p.add_argument("--depth", type=int, default=None,
                    help="reduced depth: DEPTH layers of the run file's kind (a quick check)")
@@ -59,9 +63,9 @@ def _validate(args: argparse.Namespace) -> tuple[targets_lib.Target, dict[str, i
         value = getattr(args, flag)
         if value is not None and value <= 0:
             raise FlagError(f"--{flag} {value}: must be positive")
-    if args.attention_backend not in (None, "xla", "cudnn", "pallas", "auto"):
+    if args.attention_backend is not None and args.attention_backend not in BACKENDS:
         raise FlagError(f"--attention_backend {args.attention_backend!r}: expected one of "
-                        "xla, cudnn, pallas, auto")
+                        f"{', '.join(BACKENDS)}")
     if args.remat is not None and args.remat not in REMAT:
         raise FlagError(f"--remat {args.remat!r}: expected one of {', '.join(REMAT)}")
     mesh = None
