@@ -205,10 +205,42 @@ def test_both_rows_are_masked_and_specials_kept():
     ({"queue_size": 0}, r"queue_size=0 is out of range"),  # only with in_batch_negatives
     ({"pooling": "max"}, r"pooling='max' must be one of cls, mean"),
     ({"initial_fill": "lazy"}, r"initial_fill='lazy' must be one of prefill, warmup"),
+    ({"layer_norm": "own"}, r"layer_norm='own' must be one of final, none"),
 ])
 def test_bad_arguments_are_named(kw, match):
     with pytest.raises(ValueError, match=match):
         XLCo(Transformer(CFG), **kw)
+
+
+@pytest.mark.parametrize("ln_style, layer, layer_norm, normed", [
+    ("pre", 2, "final", True), ("pre", 2, "none", False), ("pre", 3, "final", False),
+    ("post", 2, "final", False)])
+def test_pre_ln_state_is_layer_normalised_below_the_last_layer(ln_style, layer, layer_norm,
+                                                                normed):
+    """With layer_norm="final", a pre-LN model's universal layer below the last is passed
+    through the encoder's final LayerNorm (numpy LayerNorm of the raw residual stream with
+    that module's scale and bias); the last layer (already normalised by the encoder) and a
+    post-LN model's layers are the raw hidden state, as is "none"."""
+    cfg = CFG.replace(ln_style=ln_style)
+    net = Transformer(cfg)
+    obj = XLCo(net, kind="split_pair", layer=layer, mask_prob=0.0, queue_size=4,
+               projection_dim=0, layer_norm=layer_norm)
+    params = nn.meta.unbox(init_params(net, [WeightedObjective(obj)], 8, jax.random.PRNGKey(0)))
+    if ln_style == "pre":  # a final LayerNorm that is not the identity
+        params["encoder"]["final_norm"] = _perturbed(params["encoder"]["final_norm"], 3, 0.5)
+    batch = {k: jnp.asarray(v) for k, v in synthetic_batch(2, 12, 64, kind="split_pair", seed=0).items()}
+    vec = np.asarray(obj.represent(params, batch, "x_", jax.random.PRNGKey(0), True), np.float64)
+    out = net.apply({"params": params["encoder"]}, batch["x_input_ids"],
+                    return_hidden_states=True, method=Transformer.encode)
+    cls = np.asarray(out.hidden_states[layer], np.float64)[:, 0]
+    if normed:
+        ln = params["encoder"]["final_norm"]
+        mean, var = cls.mean(-1, keepdims=True), cls.var(-1, keepdims=True)
+        cls = ((cls - mean) / np.sqrt(var + cfg.layer_norm_eps) * np.asarray(ln["scale"])
+               + np.asarray(ln["bias"]))
+        raw = np.asarray(out.hidden_states[layer], np.float64)[:, 0]
+        assert np.abs(cls - raw).max() > 0.1  # the two choices differ here
+    np.testing.assert_allclose(vec, cls, rtol=1e-4, atol=1e-5)
 
 
 def test_old_kind_names_resolve_to_the_new_ones():

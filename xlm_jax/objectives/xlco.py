@@ -76,6 +76,7 @@ QUEUE_AXES = ("queue", "embed_proj")  # logical names of the queue
 QUEUE_RULES = (("queue", None),)
 # how the queue is first filled: before step 1 (unilm's `fill_queue`) or by the first steps
 INITIAL_FILLS = ("prefill", "warmup")
+LAYER_NORMS = ("final", "none")
 
 
 class XLCo(Objective):
@@ -86,7 +87,7 @@ class XLCo(Objective):
                  queue_size: int = 131072, momentum: float = 0.999, mask_prob: float = 0.15,
                  max_predictions: int = 20, pooling: str = "cls", normalize: bool = False,
                  in_batch_negatives: bool = False, use_lang_ids: bool | None = None,
-                 initial_fill: str = "prefill"):
+                 initial_fill: str = "prefill", layer_norm: str = "final"):
         """
         Args:
           kind: "mixup_pair" (InfoXLM mixup examples, `query_*`/`key_*` rows) or
@@ -110,6 +111,12 @@ class XLCo(Objective):
           initial_fill: "prefill" (unilm's `fill_queue`: the queue is filled from the stream's
             first queue_size / B batches before step 1, and the loss is on from step 1) or
             "warmup" (no fill: the loss is 0 until the training steps have filled it).
+          layer_norm: what a pre-LN model contrasts at a layer below the last: "final"
+            (the encoder's final LayerNorm applied to that layer's residual stream, so the
+            state is normalised as every layer's output of the post-LN models the paper
+            trains) or "none" (the raw residual stream). Our choice, measured in
+            docs/fidelity.md ("XLCo on pre-LN models"); a post-LN model and the last layer
+            are unaffected (their states are already normalised).
         """
         cfg = model.config
         kind = check_kind(f"XLCo(name={name!r})", kind, KINDS)
@@ -130,6 +137,9 @@ class XLCo(Objective):
         if initial_fill not in INITIAL_FILLS:
             raise ValueError(f"XLCo(name={name!r}): initial_fill={initial_fill!r} must be one of "
                              f"{', '.join(INITIAL_FILLS)}")
+        if layer_norm not in LAYER_NORMS:
+            raise ValueError(f"XLCo(name={name!r}): layer_norm={layer_norm!r} must be one of "
+                             f"{', '.join(LAYER_NORMS)}")
         if pooling not in heads_lib.POOLING:
             raise ValueError(f"XLCo(name={name!r}): pooling={pooling!r} must be one of "
                              f"{', '.join(heads_lib.POOLING)}")
@@ -139,6 +149,9 @@ class XLCo(Objective):
         self.pooling, self.normalize = pooling, normalize
         self.in_batch_negatives = in_batch_negatives
         self.initial_fill = initial_fill
+        # the final LayerNorm applies where the state is a pre-LN residual stream
+        self.final_norm = (layer_norm == "final" and cfg.ln_style == "pre"
+                           and self.layer < cfg.num_layers)
         self.masking = (MaskingConfig(mask_prob=mask_prob, max_predictions=max_predictions,
                                       mask_id=cfg.vocab_size - 1, vocab_size=cfg.vocab_size)
                         if mask_prob > 0 else None)
@@ -264,7 +277,10 @@ class XLCo(Objective):
                              return_hidden_states=True, **kwargs)
             valid = (rows["segment_ids"] > 0 if "segment_ids" in rows
                      else rows["input_ids"] != mdl.config.pad_id)
-            return heads_lib.pool(out.hidden_states[self.layer], valid, self.pooling)
+            state = out.hidden_states[self.layer]
+            if self.final_norm:
+                state = mdl.final_norm(state)
+            return heads_lib.pool(state, valid, self.pooling)
 
         vec = self.model.apply({"params": params[ENCODER]}, rngs={"dropout": rng},
                                method=forward)
