@@ -5,6 +5,7 @@ generator copied from the base, and the help. The league run end to end, its res
 kill -9 and each recipe's loading of the base are in tests/league_run_test.py (slow)."""
 import collections
 import concurrent.futures
+import dataclasses
 import json
 import math
 import os
@@ -169,6 +170,49 @@ def test_league_json_means_and_stds_are_numpys(tmp_path):
     assert f"{delta:+.1f}" in md and "Partial" in md
     assert (tmp_path / "league.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "league.json").read_text()) == json.loads(json.dumps(out))
+
+
+def _welch(a, b):
+    """Welch's t and two-sided p by the textbook formula (the t distribution's tail from
+    the regularised incomplete beta function), independent of scipy.stats."""
+    from scipy.special import betainc
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    t = (a.mean() - b.mean()) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return t, float(betainc(df / 2, 0.5, df / (df + t * t)))
+
+
+def test_claims_are_welch_tests_against_the_matching_baseline():
+    """Each claim compares its recipe with its own baseline (infoxlm with xlm, not with the
+    control), on every metric it names; t and p equal Welch's formula; a clear win holds, a
+    clear loss is reversed, overlapping seeds are not shown."""
+    def cells(recipe, acc, avg, layer3):
+        return [dataclasses.asdict(_cell(recipe, s, a, t, 1.0, [a, 0.0, 0.0, l]))
+                for s, (a, t, l) in enumerate(zip(acc, avg, layer3))]
+    recipes = {
+        "mmlm": {"cells": cells("mmlm", [7.0, 7.1, 7.2], [50.0, 50.5, 51.0], [1, 2, 3])},
+        "xlm": {"cells": cells("xlm", [7.1, 7.0, 7.2], [51.0, 51.2, 51.1], [6.0, 6.1, 6.2])},
+        "infoxlm": {"cells": cells("infoxlm", [7.6, 7.7, 7.65], [53.0, 53.1, 53.2],
+                                   [5.0, 5.1, 4.9])},
+    }
+    results = league_report.evaluate_claims({"recipes": recipes})
+    got = {(r.claim.recipe, r.metric): r for r in results}
+    assert {k[0] for k in got} == {"xlm", "infoxlm"}  # the others' recipes are absent
+    assert got[("infoxlm", "transfer_avg")].claim.baseline == "xlm"
+    for (recipe, metric), r in got.items():
+        base = r.claim.baseline
+        a = league_report._seed_values(recipes[recipe]["cells"], metric)
+        b = league_report._seed_values(recipes[base]["cells"], metric)
+        t, p = _welch(a, b)
+        assert r.t == pytest.approx(t, rel=1e-9) and r.p == pytest.approx(p, rel=1e-6)
+        assert r.diff == pytest.approx(np.mean(a) - np.mean(b))
+    assert got[("infoxlm", "transfer_avg")].verdict == "holds"
+    assert got[("infoxlm", "retrieval_layer:3")].verdict == "reversed"  # 5.0 vs 6.1
+    assert got[("xlm", "retrieval_acc1")].verdict == "not shown"  # the same seeds, reordered
+    md = "\n".join(league_report.claims_table({"recipes": recipes}))
+    assert "| XLCo adds to MMLM + TLM | InfoXLM Table 7" in md and "infoxlm vs xlm" in md
+    assert md.count("\n| ") == len(results) + 1  # the header and one row per result
 
 
 @pytest.fixture(scope="module")

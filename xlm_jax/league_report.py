@@ -4,7 +4,8 @@
 recipe's mean and standard deviation over its seeds (numpy's `std`, ddof 0, as
 `xlm_jax.finetune`'s results); `write_all` writes the three files (atomically: a kill leaves
 the previous version). Rewritten after every cell, so a running league always has a partial
-table.
+table. `claims_table` tests the papers' claims (`CLAIMS`) each against its matching baseline
+recipe: the difference of the seed means, its spread and Welch's t-test over the seeds.
 """
 from __future__ import annotations
 
@@ -17,6 +18,47 @@ from typing import Any
 import numpy as np
 
 from xlm_jax import league_plan as plan
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A paper's claim that the league can test: `recipe` beats `baseline` (both continued
+    from the base with the same training FLOPs) on each of `metrics` (a cell field such as
+    "transfer_avg", or "retrieval_layer:K" for retrieval at layer K). `source` names the
+    paper's table and rows; `confounds` what else differs between the two recipes."""
+    text: str
+    source: str
+    recipe: str
+    baseline: str
+    metrics: tuple[str, ...]
+    confounds: str
+
+
+# The claims of the papers that the league's recipes test, each against the recipe that lacks
+# only what the claim is about (the pairing is our choice; the sources are the papers').
+CLAIMS: tuple[Claim, ...] = (
+    Claim("TLM adds to MMLM", "XLM (Conneau & Lample 2019) Table 1, MLM vs MLM + TLM; "
+          "InfoXLM Table 7, row -TLM", "xlm", "mmlm", ("transfer_avg", "retrieval_acc1"),
+          "equal FLOPs: xlm takes half mmlm's steps (a TLM batch beside each MMLM batch) and "
+          "reads the parallel pairs mmlm never sees"),
+    Claim("XLCo adds to MMLM + TLM", "InfoXLM Table 7, INFOXLM15 vs row -XLCo", "infoxlm",
+          "xlm", ("transfer_avg", "retrieval_acc1", "retrieval_layer:3"),
+          "equal FLOPs: 84 vs 120 steps; XLCo reads the mixup stream's pairs besides; "
+          "everything else as xlm (league/infoxlm.gin); layer 3 is XLCo's universal layer"),
+    Claim("TRTD adds to MRTD", "XLM-E Table 2, XLM-E vs row -TRTD", "xlme", "xlme_no_trtd",
+          ("transfer_avg", "retrieval_acc1"),
+          "equal FLOPs: 98 vs 196 steps; TRTD reads the parallel pairs"),
+    Claim("CAMLM + BTMLM add to MMLM + TLM", "ERNIE-M Table 6, exp5 vs exp2", "ernie_m", "xlm",
+          ("transfer_avg", "retrieval_acc1"),
+          "equal FLOPs: 53 vs 120 steps; ERNIE-M adds a language-embedding table, new at "
+          "the continuation, and BTMLM's generated pairs"),
+    Claim("VECO's encoder transfers better than an MLM encoder", "VECO Table 2, VECO vs XLM-R",
+          "veco", "mmlm", ("transfer_avg", "retrieval_acc1"),
+          "equal FLOPs: 44 vs 240 steps; VECO adds cross-attention (new at the continuation), "
+          "TLM and the parallel pairs; the paper's XLM-R differs in data and steps too"),
+)
+
+# Welch's t-test at this level calls a difference significant (our choice, stated in the table)
+SIGNIFICANCE = 0.05
 
 # The per-seed numbers summarised as mean and std for every recipe.
 SUMMARISED = ("train_tflop", "retrieval_acc1", "transfer_avg", "transfer_en", "transfer_gap",
@@ -141,10 +183,97 @@ def markdown(league: dict[str, Any]) -> str:
               f"token's rate): {'yes' if mlm['uses_context'] else 'NO'}; beyond identifying the "
               "language (both below/above the per-language yardsticks): "
               f"{'yes' if mlm.get('beyond_language') else 'NO'}.", ""]
+    lines += claims_table(league)
     if not league["complete"]:
         lines += ["Partial: the league is still running (or was stopped); the same command "
                   "resumes it.", ""]
     return "\n".join(lines)
+
+
+def _seed_values(cells: Sequence[dict[str, Any]], metric: str) -> list[float]:
+    """One number per finished seed: a cell field, or "retrieval_layer:K"."""
+    if metric.startswith("retrieval_layer:"):
+        layer = metric.split(":", 1)[1]
+        return [float(c["retrieval_per_layer"][layer]) for c in cells
+                if layer in c.get("retrieval_per_layer", {})]
+    return [float(c[metric]) for c in cells if c.get(metric) is not None]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimResult:
+    """One claim on one metric: the seed means and (ddof 0) stds of recipe and baseline, the
+    difference of the means, Welch's t statistic and two-sided p-value (None below two seeds
+    a side), and the verdict: "holds", "reversed" (significant either way) or "not shown"."""
+    claim: Claim
+    metric: str
+    mean: float
+    std: float
+    base_mean: float
+    base_std: float
+    seeds: tuple[int, int]
+    diff: float
+    t: float | None
+    p: float | None
+    verdict: str
+
+
+def evaluate_claims(league: dict[str, Any], claims: Sequence[Claim] = CLAIMS
+                ) -> list[ClaimResult]:
+    """Every claim whose two recipes have finished seeds, on each of its metrics: Welch's
+    unequal-variance t-test over the per-seed values (scipy's `ttest_ind`, equal_var=False),
+    significant below `SIGNIFICANCE`."""
+    from scipy import stats
+
+    out = []
+    recipes = league["recipes"]
+    for claim in claims:
+        if claim.recipe not in recipes or claim.baseline not in recipes:
+            continue
+        for metric in claim.metrics:
+            a = _seed_values(recipes[claim.recipe]["cells"], metric)
+            b = _seed_values(recipes[claim.baseline]["cells"], metric)
+            if not a or not b:
+                continue
+            t = p = None
+            if len(a) > 1 and len(b) > 1:
+                res = stats.ttest_ind(a, b, equal_var=False)
+                t, p = float(res.statistic), float(res.pvalue)
+            diff = float(np.mean(a) - np.mean(b))
+            verdict = ("not shown" if p is None or not p < SIGNIFICANCE
+                       else "holds" if diff > 0 else "reversed")
+            out.append(ClaimResult(claim, metric, float(np.mean(a)), float(np.std(a)),
+                                   float(np.mean(b)), float(np.std(b)), (len(a), len(b)),
+                                   diff, t, p, verdict))
+    return out
+
+
+def _metric_title(metric: str) -> str:
+    if metric.startswith("retrieval_layer:"):
+        return f"retrieval at layer {metric.split(':', 1)[1]}"
+    return {"transfer_avg": "transfer avg", "retrieval_acc1": "retrieval (best layer)"}.get(
+        metric, metric)
+
+
+def claims_table(league: dict[str, Any]) -> list[str]:
+    """Markdown lines: one row per claim and metric (empty when no claim can be tested)."""
+    results = evaluate_claims(league)
+    if not results:
+        return []
+    lines = ["The papers' claims, each recipe against the recipe that lacks what the claim is "
+             "about, at equal training FLOPs. Mean ± std (ddof 0) over the training seeds; "
+             f"Welch's two-sided t-test over the seeds (scipy, unequal variances); p < "
+             f"{SIGNIFICANCE:g} is called significant. With 3 seeds a side the test sees only "
+             "large effects: \"not shown\" is not \"false\".", "",
+             "| claim | source | recipe vs baseline | metric | recipe | baseline | difference "
+             "| Welch t, p | verdict | confounds |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        c = r.claim
+        test = "-" if r.p is None else f"{r.t:.2f}, {r.p:.3f}"
+        lines.append(f"| {c.text} | {c.source} | {c.recipe} vs {c.baseline} "
+                     f"({r.seeds[0]} vs {r.seeds[1]} seeds) | {_metric_title(r.metric)} | "
+                     f"{r.mean:.2f} ± {r.std:.2f} | {r.base_mean:.2f} ± {r.base_std:.2f} | "
+                     f"{r.diff:+.2f} | {test} | {r.verdict} | {c.confounds} |")
+    return lines + [""]
 
 
 def _delta(value: Any, control: Any, name: str, league: dict[str, Any]) -> str:
