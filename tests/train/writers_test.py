@@ -99,6 +99,7 @@ def test_progress_plain_lines_every_n_steps():
     out = _Stream(tty=False)
     p = writers.Progress(25, out=out, log_every=10)
     for step in range(1, 26):
+        p.note_step(step)
         p.update(step, {"loss": 2.0})
     p.close()
     lines = out.getvalue().splitlines()
@@ -119,11 +120,11 @@ def test_progress_bar_rewrites_one_line_on_a_tty():
 
 
 def test_progress_bar_fits_the_terminal_and_shows_the_loss_first(monkeypatch):
-    """A trainer's window of scalars is ~330 characters; on a 60-column terminal each
-    rewrite is cut to 59 so the line never wraps (a wrapped line cannot be rewritten with
-    \\r), and the loss comes first so the cut keeps it. Log lines keep every scalar."""
+    """On a 60-column terminal each rewrite is cut to 59 characters so the line never wraps
+    (a wrapped line cannot be rewritten with \\r), and the loss comes first so the cut keeps
+    it."""
     monkeypatch.setenv("COLUMNS", "60")  # shutil.get_terminal_size reads it first
-    scalars = {f"objective{i}/accuracy": 0.5 for i in range(12)} | {"loss": 3.25}
+    scalars = {f"objective{i}/loss": 0.5 for i in range(12)} | {"loss": 3.25}
     out = _Stream(tty=True)
     p = writers.Progress(4, out=out, min_interval_s=0.0)
     for step in range(1, 5):
@@ -132,9 +133,50 @@ def test_progress_bar_fits_the_terminal_and_shows_the_loss_first(monkeypatch):
     drawn = [seg.replace("\x1b[K", "") for seg in out.getvalue().split("\r")[1:]]
     assert len(drawn) == 4 and all(len(seg.rstrip("\n")) == 59 for seg in drawn), drawn
     assert all(" train " in seg and " loss=3.25 " in seg for seg in drawn)
+
+
+def test_a_log_line_is_short_and_names_each_objectives_loss():
+    """A log line: step, loss, each objective's loss (`name=`), tokens/s, steps/s, ETA; no
+    other metric (they are in TensorBoard and metrics.jsonl); at most MAX_LINE characters,
+    the objectives that do not fit counted as +N."""
+    scalars = {"loss": 52.125, "mrtd/loss": 50.5, "mrtd/rtd_loss": 0.98, "mrtd/accuracy": 0.9,
+               "trtd/loss": 1.625, "grad_norm": 3.0, "learning_rate": 1e-4,
+               "tokens_per_sec": 12345.0, "model_tflops_per_sec": 0.1}
     log = _Stream(tty=False)
     writers.Progress(4, out=log, log_every=4).update(4, scalars)
-    assert len(log.getvalue()) > 300 and "objective11/accuracy=0.5" in log.getvalue()
+    line = log.getvalue().rstrip("\n")
+    assert line == "train 4/4 loss=52.12 mrtd=50.5 trtd=1.625 12.3k tok/s eta ?", line
+    many = {"loss": 1.0} | {f"objective_{i:02d}/loss": 1.2345 for i in range(20)}
+    log = _Stream(tty=False)
+    writers.Progress(100000, out=log, log_every=1).update(99999, many)
+    line = log.getvalue().rstrip("\n")
+    assert len(line) <= writers.MAX_LINE < len(line) + len(" objective_00=1.234")
+    shown = line.count("objective_")
+    assert shown >= 3 and line.endswith(f"+{20 - shown} eta ?"), line
+
+
+def test_eta_counts_recent_steps_only_from_the_first_finished_step():
+    """The first step (compile) takes 100 s, then each step 1 s: steps/s and the ETA are
+    measured from the end of step 1 over the recent log points (the trainer reports at its
+    log steps), so at step 10 the ETA of the 90 steps left is 90 s (a running average from
+    the start would say ~1000 s); after a slowdown to 2 s per step from step 21 the window
+    holds only slow steps once RATE_WINDOW log points have passed."""
+    now = [0.0]
+    out = _Stream(tty=False)
+    p = writers.Progress(100, out=out, log_every=10, clock=lambda: now[0])
+    now[0] = 100.0
+    p.note_step(1)
+    for step in range(2, 101):
+        now[0] += 1.0 if step <= 20 else 2.0
+        p.note_step(step)
+        if step % 10 == 0:
+            p.update(step, {"loss": 1.0})
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "train 10/100 loss=1 1.00 step/s eta 0:01:30", lines[0]
+    assert lines[1].endswith("1.00 step/s eta 0:01:20")
+    assert "0.50 step/s" not in lines[3]  # step 40: the window still holds fast steps
+    # step 90: the window's 8 points are steps 20..90, all 2 s apart
+    assert lines[-2].endswith("0.50 step/s eta 0:00:20"), lines[-2]
 
 
 def test_core_modules_do_not_load_tensorflow(tmp_path):

@@ -117,6 +117,7 @@ class LogMetrics(Action):
             self._window.add(m)
         self.step_tokens.append(end.tokens)
         self._window_tokens += end.tokens
+        self.progress.note_step(end.step)  # the first step (compiled) starts the ETA's clock
         if not self.due(end):
             return
         elapsed = max(time.perf_counter() - self._window_start, 1e-9)

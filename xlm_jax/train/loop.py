@@ -135,6 +135,7 @@ def train(model_dir: str,
     Progress lines go to stdout (`contextlib.redirect_stdout` to silence them).
     """
     # ---- setup: everything that can fail does so here, before anything is compiled
+    started = time.perf_counter()
     streams_lib.resume_plan(seed, 0, data_resume)  # a bad mode fails before anything is built
     if loss_normalization not in step_lib.LOSS_NORMALIZATIONS:
         raise ValueError(f"loop.train.loss_normalization={loss_normalization!r}: expected one "
@@ -149,6 +150,9 @@ def train(model_dir: str,
     if not force_synthetic:  # synthetic runs (the benchmark) must not need TensorFlow
         streams_lib.import_modules(task_modules, prepared_data, seqio_tasks)
     languages = setup.check_tasks(model, seqio_tasks)
+    if seqio_tasks and jax.process_index() == 0:
+        print(f"tasks: {', '.join(seqio_tasks)} loaded in {time.perf_counter() - started:.1f} s",
+              flush=True)
     spm_model = streams_lib.run_spm_model(spm_model, seqio_tasks)  # the tasks' tokenizer
     evals = evaluators_lib.check_evaluators(evaluators)
     net = Transformer(model)
@@ -180,6 +184,8 @@ def train(model_dir: str,
         if not mixture.is_default(shapes, batch_size, seq_len):
             print(f"mixture: {mixture.describe(shapes)}", flush=True)
         step_fn = setup.jit_train_step(objs, parts, device_mesh, accum_steps, loss_normalization)
+        if is_primary:
+            print(f"loss = {step_lib.loss_composition(objs, loss_normalization)}", flush=True)
         # objectives whose state must be ready at step 1 (XLCo's queue): forward passes of the
         # initial parameters over their streams' first batches, once per run
         state, resume = prefill.run(fill_plan, objs, state, streams, resume, parts.shardings,
@@ -190,8 +196,7 @@ def train(model_dir: str,
                                            resume_step=resume.step)
         log = actions_lib.LogMetrics(
             writer, writers_lib.Progress(train_steps, out=sys.stdout, log_every=log_every,
-                                         is_primary=is_primary,
-                                         start_step=resume.step),
+                                         is_primary=is_primary),
             log_every, flops_per_token)
         saver = actions_lib.SaveCheckpoint(ckpt, save_checkpoints, model_dir, data_resume,
                                            streams, built, resume.prefill)
@@ -215,6 +220,9 @@ def train(model_dir: str,
             batches = {name: setup.global_batch(b, device_mesh) for name, b in local.items()}
             with jax.profiler.StepTraceAnnotation("train", step_num=step):
                 state, metrics = step_fn(state, batches, rng)
+            if step == resume.step and is_primary:  # the first call compiles the step
+                print(f"step compiled in {time.perf_counter() - t0:.1f} s (set-up took "
+                      f"{t0 - started:.1f} s)", flush=True)
             done = step + 1
             pending.append((done, metrics))
             preempted = watch.reached(done)  # SIGTERM: save this step, then stop

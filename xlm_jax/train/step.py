@@ -125,6 +125,30 @@ def _prefixed(name: str, values: Mapping[str, Array]) -> dict[str, Array]:
     return {f"{name}/{k}": v for k, v in values.items()}
 
 
+def loss_composition(objectives: Sequence[WeightedObjective], normalization: str) -> str:
+    """The step's `loss` in the names of the reported metrics, printed once at the start of
+    a run: "mmlm/loss + tlm/loss", "mrtd/mlm_loss + 50 x mrtd/rtd_loss" (a term's factor is
+    w_o * lambda_t); with "pooled" each objective is weighted by its share of the step's units
+    (`mixture_factors`): "share(mmlm) x mmlm/loss + ...; share(o) = o's units / all units"."""
+    def scaled(factor: float, name: str) -> str:
+        return name if factor == 1 else f"{factor:g} x {name}"
+
+    def terms(o: WeightedObjective, weight: float) -> list[str]:
+        weights = dict(o.objective.term_weights)
+        if len(weights) == 1:
+            return [scaled(weight, f"{o.name}/loss")]  # <name>/loss is L_o, its weight in it
+        return [scaled(weight * w, f"{o.name}/{t}_loss") for t, w in weights.items() if w]
+
+    if normalization != "pooled":
+        return " + ".join(t for o in objectives for t in terms(o, o.weight))
+    parts = []
+    for o in objectives:
+        inner = terms(o, 1.0)
+        body = inner[0] if len(inner) == 1 else f"({' + '.join(inner)})"
+        parts.append(f"share({o.name}) x {scaled(o.weight, body)}")
+    return " + ".join(parts) + "; share(o) = o's units / all objectives' units (pooled)"
+
+
 def mixture_factors(objectives: Sequence[WeightedObjective],
                     counts: Mapping[str, Mapping[str, Array]], normalization: str
                     ) -> dict[str, Array]:

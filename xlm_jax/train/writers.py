@@ -18,6 +18,7 @@ whole (`_GrowingFile`).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import math
@@ -255,6 +256,14 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}" if 1e-3 <= abs(v) < 1e5 else f"{v:.3e}"
 
 
+def _fmt_si(v: float) -> str:
+    """1234 -> '1.23k', 2.5e6 -> '2.5M' (3 significant digits)."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g}{unit}"
+    return f"{v:.3g}"
+
+
 def _fmt_duration(seconds: float) -> str:
     seconds = int(max(seconds, 0))
     h, rem = divmod(seconds, 3600)
@@ -262,19 +271,32 @@ def _fmt_duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}"
 
 
+# The longest progress line (our choice): a log line keeps the step, the loss, each objective's
+# loss, tokens/s, steps/s and the ETA; every metric is in TensorBoard and metrics.jsonl.
+MAX_LINE = 160
+# Recent log points that steps/s and the ETA are measured over (our choice).
+RATE_WINDOW = 8
+
+
 class Progress:
     """Training progress on the console.
 
     On a terminal (`out.isatty()`): one line rewritten in place with '\\r' (bar, step,
-    loss, steps/s, ETA, the other scalars), cut to the terminal's width so that it never
-    wraps, at most every `min_interval_s`. Otherwise (log files,
-    SLURM output): a plain line every `log_every` steps and at the last step, so logs
-    stay greppable. Only the primary process prints.
+    loss, ...), cut to the terminal's width so that it never wraps, at most every
+    `min_interval_s`. Otherwise (log files, SLURM output): a plain line every `log_every`
+    steps and at the last step, so logs stay greppable. Only the primary process prints.
+
+    A line holds the step, the step's `loss`, each objective's loss (`<name>/loss` shown as
+    `name=`), tokens/s, steps/s and the ETA, at most `MAX_LINE` characters (objectives that
+    do not fit are counted as "+N"); the full metric set goes to TensorBoard and
+    metrics.jsonl. Steps/s and the ETA are measured over the last `RATE_WINDOW` log points,
+    starting when the first step has finished (`note_step`), so compilation and start-up
+    are not averaged into them; until two points exist the ETA is "?".
     """
 
     def __init__(self, total_steps: int, out: IO[str] = sys.stdout, log_every: int = 100,
                  is_primary: bool = True, desc: str = "train", min_interval_s: float = 0.2,
-                 start_step: int = 0):
+                 clock: Any = time.monotonic):
         if total_steps < 1:
             raise ValueError(f"Progress: total_steps={total_steps} must be >= 1")
         if log_every < 1:
@@ -287,23 +309,43 @@ class Progress:
         self.min_interval_s = float(min_interval_s)
         isatty = getattr(out, "isatty", None)
         self.tty = bool(isatty()) if callable(isatty) else False
-        self._start_step = int(start_step)
-        self._start_time = time.monotonic()
+        self._clock = clock
+        self._marks: collections.deque[tuple[float, int]] = collections.deque(
+            maxlen=RATE_WINDOW)
         self._last_draw = -math.inf
         self._drawn = False
 
+    def note_step(self, step: int) -> None:
+        """Call after every step: the first one (compiled and run) starts the clock."""
+        if not self._marks:
+            self._marks.append((self._clock(), int(step)))
+
+    def rate(self) -> float | None:
+        """Steps per second over the recent log points (None before two exist)."""
+        if len(self._marks) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._marks[0], self._marks[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None
+
     def _status(self, step: int, scalars: Mapping[str, Any]) -> str:
-        elapsed = time.monotonic() - self._start_time
-        done = step - self._start_step
-        rate = done / elapsed if elapsed > 0 and done > 0 else 0.0
-        eta = (self.total_steps - step) / rate if rate > 0 else float("nan")
-        # the loss right after the step, so that a line cut to the terminal's width keeps it
-        first = [k for k in ("loss",) if k in scalars]
-        keys = first + [k for k in scalars if k not in first]
-        shown = [f"{k}={_fmt(_to_float(k, scalars[k]))}" for k in keys]
-        eta_s = _fmt_duration(eta) if math.isfinite(eta) else "?"
-        return " ".join([f"{self.desc} {step}/{self.total_steps}", *shown[:len(first)],
-                         f"{rate:.2f} step/s eta {eta_s}", *shown[len(first):]])
+        rate = self.rate()
+        eta = (_fmt_duration((self.total_steps - step) / rate) if rate else "?")
+        head = [f"{self.desc} {step}/{self.total_steps}"]
+        if "loss" in scalars:
+            head.append(f"loss={_fmt(_to_float('loss', scalars['loss']))}")
+        parts = [f"{k[:-len('/loss')]}={_fmt(_to_float(k, v))}" for k, v in scalars.items()
+                 if k.endswith("/loss") and k.count("/") == 1]
+        tail = []
+        if "tokens_per_sec" in scalars:
+            tail.append(f"{_fmt_si(_to_float('tokens_per_sec', scalars['tokens_per_sec']))} "
+                        "tok/s")
+        tail.append(f"{rate:.2f} step/s eta {eta}" if rate else f"eta {eta}")
+        for keep in range(len(parts), -1, -1):  # as many objectives as fit
+            more = [f"+{len(parts) - keep}"] if keep < len(parts) else []
+            line = " ".join([*head, *parts[:keep], *more, *tail])
+            if len(line) <= MAX_LINE:
+                return line
+        return line
 
     def update(self, step: int, scalars: Mapping[str, Any] | None = None) -> None:
         """Report that `step` steps are done (with optional latest scalars)."""
@@ -311,6 +353,8 @@ class Progress:
             return
         scalars = scalars or {}
         last = step >= self.total_steps
+        if self._marks and step > self._marks[-1][1]:
+            self._marks.append((self._clock(), int(step)))
         if self.tty:
             now = time.monotonic()
             if not last and now - self._last_draw < self.min_interval_s:
