@@ -48,7 +48,8 @@ def test_the_walkthrough_runs_from_outside_the_repository(tmp_path):
         f.write(module)
     assert [shlex.split(c)[2] for c in commands] == [
         "xlm_jax.data.train_spm", "xlm_jax.data.inspect", "xlm_jax.train",
-        "xlm_jax.evaluation.retrieval", "xlm_jax.data.prepare", "xlm_jax.train"]
+        "xlm_jax.evaluation.retrieval", "xlm_jax.evaluation.retrieval", "xlm_jax.data.prepare",
+        "xlm_jax.train"]
     outputs = {}
     for command in commands:
         for name, doc_text, tiny in TINY:
@@ -80,3 +81,7 @@ def test_the_walkthrough_runs_from_outside_the_repository(tmp_path):
         assert a.read() == b.read()  # the model directory carries the user's tokenizer
     result = json.load(open(os.path.join(run, "retrieval.json")))
     assert list(result["per_language"]) == ["de"]
+    baseline = json.load(open(os.path.join(run, "retrieval_step0.json")))  # save_initial
+    assert baseline["step"] == 0 and result["step"] is None
+    assert baseline["per_layer"] != result["per_layer"]  # the untrained and the trained model
+    assert all("acc@1 (%) per layer" in out for out in outputs["xlm_jax.evaluation.retrieval"])

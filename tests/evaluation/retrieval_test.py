@@ -230,12 +230,23 @@ def test_all_layers_cost_one_forward_pass(encoder, tatoeba_dir, monkeypatch):
 
 # ----------------------------------------------------------------------------- CLI
 
-def test_cli_all_layers(model_dir, tatoeba_dir, tmp_path):
+def test_cli_all_layers(model_dir, tatoeba_dir, tmp_path, capsys):
     out = tmp_path / "res" / "after.json"
     rc = retrieval.main(["--checkpoint", model_dir, "--tatoeba_dir", tatoeba_dir, "--layer", "all",
                          "--max_length", "32", "--batch_size", "8", "--output_json", str(out)])
     assert rc == 0
     data = json.loads(out.read_text())
+    # the per-layer table: one row per layer, each language's mean and the average, the best
+    # layer marked
+    printed = capsys.readouterr().out.splitlines()
+    rows = {int(r.split()[0].rstrip("*")): r for r in printed if r[:5].strip().rstrip("*").isdigit()}
+    assert sorted(rows) == [0, 1, 2]
+    for k, row in rows.items():
+        cells = row.split()[1:]
+        per = data["per_layer_language"][str(k)]
+        assert cells == [f"{100 * per[l]['mean']:.1f}" for l in ("aa", "bb")] + [
+            f"{100 * data['per_layer'][str(k)]:.2f}"]
+        assert row.split()[0].endswith("*") == (k == data["best_layer"])
     assert data["layer"] == "all" and data["checkpoint"] == os.path.abspath(model_dir)
     assert data["step"] is None
     assert sorted(data["per_layer"]) == ["0", "1", "2"]

@@ -169,6 +169,28 @@ def test_loop_writes_retrieval_and_keeps_the_best_checkpoint(tmp_path):
             assert json.load(f)["retrieval/acc1"] == pytest.approx(saved[s])
 
 
+def test_eval_at_start_scores_the_initial_model_at_step_0(tmp_path):
+    """`eval_at_start` writes the evaluators' scores of the initial state at step 0, equal
+    to retrieval of checkpoint 0 (`save_initial`) evaluated offline; a resumed run does not
+    write step 0 again."""
+    model_dir = str(tmp_path / "run")
+    ev = lambda: evaluators.TatoebaRetrieval(  # noqa: E731
+        tatoeba_dir=DEMO_TATOEBA, every=100, layers="all", languages=["de", "fr"],
+        max_sentences=24, batch_size=16)
+    cfg = checkpoints.CheckpointConfig(save_every_steps=2, async_save=False)
+    _train(model_dir, 2, cfg, ev(), save_initial=True, eval_at_start=True, log_every=100)
+    _train(model_dir, 3, cfg, ev(), eval_at_start=True, log_every=100)  # resumes at 2
+    with open(os.path.join(model_dir, md.METRICS_FILE)) as f:
+        evals = [r for r in map(json.loads, f) if r["split"] == "eval"]
+    assert [r["step"] for r in evals] == [0]
+    data = _tatoeba(tmp_path, ("de", "fr"))
+    offline = retrieval.evaluate(load_encoder(model_dir, step=0), data, "all", batch_size=16)
+    for k, v in offline.per_layer.items():
+        assert 100 * v == pytest.approx(evals[0][f"retrieval/acc1_layer{k}"], abs=1e-6)
+    trained = retrieval.evaluate(load_encoder(model_dir, step=2), data, "all", batch_size=16)
+    assert trained.per_layer != offline.per_layer  # step 0 is not the trained model
+
+
 # ----------------------------------------------------------------------------- errors
 
 @pytest.mark.parametrize("case", ["no_retrieval", "unknown_metric", "missing_dir", "empty_dir",

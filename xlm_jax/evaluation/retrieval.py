@@ -395,6 +395,20 @@ def _layer_arg(text: str) -> int | str:
             f"--layer {text!r}: expected an integer or 'all'") from None
 
 
+def layer_table(result: RetrievalResult) -> str:
+    """acc@1 (%, mean of both directions) per layer (rows) and language (columns), with the
+    average; the best layer, the one reported, marked with '*'."""
+    langs = sorted(result.per_language)
+    width = max(7, *(len(lang) + 1 for lang in langs))
+    head = "layer  " + "".join(f"{lang:>{width}}" for lang in langs) + f"{'average':>{width + 1}}"
+    lines = ["acc@1 (%) per layer, mean of xx->eng and eng->xx (* = reported):", head]
+    for layer, scores in sorted(result.per_layer_language.items()):
+        mark = "*" if layer == result.reported_layer else " "
+        cells = "".join(f"{100 * scores[lang].mean:>{width}.1f}" for lang in langs)
+        lines.append(f"{layer:>4}{mark}  {cells}{100 * _average(scores):>{width + 1}.2f}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     from xlm_jax.cli_help import HelpFormatter
 
@@ -440,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(out_dir, exist_ok=True)
     with open(args.output_json, "w", encoding="utf-8") as f:
         json.dump(result.to_json(), f, indent=2)
+    if result.layer == "all":
+        print(layer_table(result))
     for lang, s in sorted(result.per_language.items()):
         print(f"{lang}: {lang}->eng {100 * s.src_to_eng:.1f}  eng->{lang} {100 * s.eng_to_src:.1f}")
     print(f"layer {result.reported_layer}: average acc@1 {100 * result.average:.2f} "

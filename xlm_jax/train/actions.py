@@ -151,6 +151,14 @@ class Evaluate(Action):
     def due(self, end: StepEnd) -> bool:
         return any(self._due(ev, end) for ev in self.evaluators)
 
+    def at_start(self, state: Any) -> None:
+        """Every evaluator on the initial state, written at step 0: the untrained (or loaded,
+        `init_from`) model's baseline in the same curves as the trained one's
+        (`loop.train.eval_at_start`)."""
+        for ev in self.evaluators:
+            values = {evaluators_lib.full_name(ev, k): v for k, v in ev.run(state, 0).items()}
+            self.writer.write_scalars(0, values, prefix="eval")
+
     def __call__(self, end: StepEnd, state: Any) -> None:
         scores: dict[str, float] = {}
         for ev in self.evaluators:

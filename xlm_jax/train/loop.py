@@ -99,6 +99,7 @@ def train(model_dir: str,
           spm_model: str | None = None,
           save_checkpoints: bool = True,
           save_initial: bool = False,
+          eval_at_start: bool = False,
           force_synthetic: bool = False,
           profile_first_step: int = 1,
           profile_steps: int = 0,
@@ -116,6 +117,9 @@ def train(model_dir: str,
     (`xlm_jax.data.prepared`).
     `loss_normalization`: "per_objective" (each objective's loss is a mean over its own units)
     or "pooled" (unilm InfoXLM: loss sums over all units); see `step.make_train_step`.
+    `save_initial` saves the initial state as checkpoint 0 (the untrained or `init_from`
+    model, for baselines); `eval_at_start` runs every evaluator on it and writes the scores at
+    step 0 (a resumed run does neither).
     `profile_steps` > 0 records a `jax.profiler` trace of that many steps from step index
     `profile_first_step` (the default 1 skips the compiling step) into `model_dir`, where
     TensorBoard's profile plugin finds it (`plugins/profile/`); only process 0 traces.
@@ -200,12 +204,14 @@ def train(model_dir: str,
             log_every, flops_per_token)
         saver = actions_lib.SaveCheckpoint(ckpt, save_checkpoints, model_dir, data_resume,
                                            streams, built, resume.prefill)
+        evaluate = actions_lib.Evaluate(evals, writer, ranked if save_checkpoints else None)
         run_actions = [
             actions_lib.Profile(model_dir, profile_first_step, profile_steps, train_steps), log,
-            actions_lib.Evaluate(evals, writer, ranked if save_checkpoints else None),
-            saver, actions_lib.WriteOperativeConfig(model_dir), *actions]
+            evaluate, saver, actions_lib.WriteOperativeConfig(model_dir), *actions]
         if resume.step == 0 and save_initial:  # step 0 = the untrained model, for baselines
             saver.save_initial(state)
+        if resume.step == 0 and eval_at_start:  # the evaluators' step-0 baseline
+            evaluate.at_start(state)
 
         # ---- the step loop
         rng = jax.random.PRNGKey(seed + 1)
