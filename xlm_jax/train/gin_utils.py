@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import inspect
+import io
 import logging
 import os
 import re
+import tokenize
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -84,7 +87,9 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str],
           search_paths: Sequence[str] = (), check_required: bool = True,
           placeholders: Sequence[str] = SYNTHETIC_RUN_MACROS) -> list[str]:
     """Parses files and bindings; unknown configurables/parameters raise here, before any
-    model is built or compiled. Returns the resolved file paths.
+    model is built or compiled. Returns the resolved file paths. gin's syntax errors and
+    unknown parameters become one-line `GinConfigError`s naming the binding or file line
+    (`one_line_errors`).
 
     A macro that nothing uses is an error (`check_macros_used`): gin itself accepts
     `--gin.TRIAN_STEPS=3` and the run trains with the file's TRAIN_STEPS. Bindings that are
@@ -95,10 +100,11 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str],
         if os.path.isdir(p):
             gin.add_config_file_search_path(p)
     _make_file_checks_safe()
-    with _quiet_include_lookup():
+    with _quiet_include_lookup(), one_line_errors((), files):
         gin.parse_config_files_and_bindings(files, None, finalize_config=False)
     file_refs = used_macros()  # before the bindings override the parameters that use them
-    gin.parse_config_files_and_bindings([], bindings, finalize_config=False)
+    with one_line_errors(bindings):
+        gin.parse_config_files_and_bindings([], bindings, finalize_config=False)
     resolve_shipped_paths()
     missing = missing_required_macros() if check_required else []
     if missing:
@@ -187,6 +193,183 @@ def _close_names(name: str, known: Sequence[str]) -> list[str]:
     folded = {k.upper(): k for k in known}
     return [folded[k] for k in difflib.get_close_matches(name.upper(), list(folded), n=3,
                                                          cutoff=0.6)]
+
+
+# gin's own wording of the mistakes `one_line_errors` rewrites, and where it says they are.
+_NO_PARAMETER = re.compile(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'")
+_NO_CONFIGURABLE = re.compile(r"No configurable matching '([^']+)'")
+_IN_BINDINGS = re.compile(r"In bindings string line (\d+)")
+_IN_FILE = re.compile(r'In file "([^"]+)", line (\d+)')
+# A value gin reads as a name (it fails to parse) that is a string once quoted: a path, a
+# task name. Brackets, quotes, references and separators make it something else.
+_BARE_VALUE = re.compile(r"[^\s'\"\[\](){}@%,=]+")
+_BINDING = re.compile(r"\s*([\w./]+)\s*=\s*(.*?)\s*")
+
+
+@contextlib.contextmanager
+def one_line_errors(bindings: Sequence[str], files: Sequence[str] = ()
+                    ) -> Iterator[None]:
+    """Runs a gin parse of files or of `bindings`, turning gin's `SyntaxError` (a traceback,
+    since it is no `CLI_ERRORS` type: an unquoted string such as
+    `--gin.loop.train.spm_model=my_spm.model` printed 64 lines) and its unknown-parameter
+    `ValueError` into a one-line `GinConfigError` naming the binding (`--gin.NAME=VALUE`) or
+    the file and line: an unquoted string is shown quoted, a misspelt parameter or
+    configurable gets the closest names (`parameter_hint`, `configurable_hint`), and an
+    unclosed bracket (Python's `TokenError`) names its binding or file (of `files`)."""
+    try:
+        yield
+    except SyntaxError as e:
+        raise GinConfigError(syntax_error_line(e, bindings)) from e
+    except GinConfigError:
+        raise
+    except ValueError as e:
+        param, configurable = _NO_PARAMETER.search(str(e)), _NO_CONFIGURABLE.search(str(e))
+        if not (param or configurable):
+            raise
+        where, flag = _error_location(str(e), bindings)
+        hint = (parameter_hint(param[1], param[2], flag) if param
+                else configurable_hint(configurable[1]))
+        raise GinConfigError(f"{where}: {hint}") from e
+    except tokenize.TokenError as e:  # an unclosed bracket: gin says neither where nor which
+        bad = ([binding_flag(b) for b in bindings if not _tokenizes(b)]
+               + [f for f in files if not _tokenizes(open(f, encoding="utf-8").read())])
+        where = bad[0] if bad else "gin"
+        raise GinConfigError(f"{where}: gin cannot parse ({e.args[0]})") from e
+
+
+def _tokenizes(text: str) -> bool:
+    """Whether Python's tokenizer, which gin's parser uses, reads `text` to its end."""
+    try:
+        list(tokenize.generate_tokens(io.StringIO(text).readline))
+        return True
+    except tokenize.TokenError:
+        return False
+
+
+def _as_setting(name: str, flag: bool) -> str:
+    """How to set the parameter `name` ('[scope/]selector.param'): on the command line
+    (`flag`), by the macro the configuration binds it to when there is one
+    (`--gin.TRAIN_STEPS (it sets optim.OptimizerConfig.total_steps)`: setting the parameter
+    alone would leave the other parameters that macro sets), else `--gin.NAME`; in a file,
+    the name itself."""
+    if not flag:
+        return name
+    selector, param = name.split("/")[-1].rsplit(".", 1)
+    macro = macro_for(selector, param)
+    return f"--gin.{macro} (it sets {name})" if macro else f"--gin.{name}"
+
+
+def configurable_hint(selector: str) -> str:
+    """'no configurable SELECTOR; did you mean ...?': the closest registered configurable
+    names with as many dotted parts as `selector` (difflib, `_close_names`)."""
+    parts = selector.count(".") + 1
+    names = {".".join(k.split(".")[-parts:]) for k, _ in gin.config._REGISTRY.items()}
+    close = _close_names(selector, sorted(names))
+    return (f"no configurable {selector}"
+            + (f"; did you mean {' or '.join(close)}?" if close else ""))
+
+
+def _binding_at(bindings: Sequence[str], line: int) -> str | None:
+    """The binding holding line `line` (1-based) of the bindings gin joins with newlines."""
+    end = 0
+    for b in bindings:
+        end += b.count("\n") + 1
+        if line <= end:
+            return b
+    return None
+
+
+def binding_flag(binding: str) -> str:
+    """How the user gives `binding` on the command line: `--gin.NAME=VALUE` for a one-line
+    `NAME = VALUE`, else `--gin_bindings='...'`."""
+    m = _BINDING.fullmatch(binding)
+    return f"--gin.{m[1]}={m[2]}" if m and "\n" not in binding else f"--gin_bindings={binding!r}"
+
+
+def _error_location(message: str, bindings: Sequence[str]) -> tuple[str, bool]:
+    """(where gin's error `message` says it happened, whether that is a command-line binding):
+    `--gin.NAME=VALUE`, `FILE:LINE`, or 'gin' when the message does not say."""
+    m = _IN_BINDINGS.search(message)
+    binding = _binding_at(bindings, int(m[1])) if m else None
+    if binding is not None:
+        return binding_flag(binding), True
+    m = _IN_FILE.search(message)
+    return (f"{m[1]}:{m[2]}", False) if m else ("gin", False)
+
+
+def syntax_error_line(e: SyntaxError, bindings: Sequence[str]) -> str:
+    """One line for gin's `SyntaxError` in a binding or a file line: the binding as the user
+    gave it (or `FILE:LINE`), then an unquoted string shown quoted, or gin's reason."""
+    binding = None if e.filename else _binding_at(bindings, e.lineno or 0)
+    text = binding if binding is not None else (e.text or "")
+    where = binding_flag(binding) if binding is not None else f"{e.filename or 'gin'}:{e.lineno}"
+    m = _BINDING.fullmatch(text.strip()) if "\n" not in text.strip() else None
+    reason = (str(e.msg).strip().splitlines() or ["cannot parse it"])[-1].strip()
+    if m and _BARE_VALUE.fullmatch(m[2]):
+        name, value = m[1], m[2]
+        if value.lower() in ("none", "true", "false"):
+            fixed = (f"--gin.{name}={value.capitalize()}" if binding is not None
+                     else f"{name} = {value.capitalize()}")
+            return f"{where}: gin writes None, True and False capitalised: {fixed}"
+        fixed = (f'--gin.{name}="{value!r}"' if binding is not None
+                 else f"{name} = {value!r}")
+        return f"{where}: a string must be quoted in gin: {fixed}"
+    if reason.startswith("Failed to parse token"):
+        reason += "; a string must be quoted"
+    shown = "" if binding is not None else f" {text.strip()!r}"
+    return f"{where}: gin cannot parse{shown} ({reason})"
+
+
+def configurable_parameters(selector: str) -> tuple[str, list[str]] | None:
+    """(the full selector, the parameter names) of the configurable `selector` names (a
+    suffix of its full name, as gin matches it), or None when it names none or several."""
+    matches = list(gin.config._REGISTRY.matching_selectors(selector))  # no public lookup
+    if len(matches) != 1:
+        return None
+    wrapped = gin.config._REGISTRY[matches[0]].wrapped
+    try:
+        params = inspect.signature(wrapped).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return matches[0], []
+    kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return matches[0], [p.name for p in params if p.kind not in kinds and p.name != "self"]
+
+
+def parameter_hint(selector: str, param: str, flag: bool = True) -> str:
+    """'SELECTOR has no parameter PARAM; did you mean ...?': up to three of the closest
+    parameter names (difflib's ratio, at least 0.6 as `difflib.get_close_matches`), from
+    `selector`'s own parameters and, only where closer than all of those, the parameters of
+    the other configurables this configuration binds (a `total_steps` meant for
+    `optim.OptimizerConfig` but given to `loop.train`), none more than 0.1 below the best (a
+    near-exact match makes the rest noise); given as a command-line setting when `flag` (the
+    user wrote a binding; `_as_setting`). Without a close one, the configurable's parameters
+    are listed. Why: gin says only that the parameter does not exist, which left the user to
+    find the real name in the source."""
+    own = configurable_parameters(selector)
+    scored: dict[str, tuple[float, int]] = {}
+
+    def add(name: str, full: str, mine: int) -> None:
+        ratio = difflib.SequenceMatcher(None, param.lower(), name.lower()).ratio()
+        scored[full] = max(scored.get(full, (0.0, 0)), (ratio, mine))
+
+    for p in (own[1] if own else []):
+        add(p, f"{selector}.{p}", 1)
+    for scope, full_selector in list(gin.config._CONFIG):  # gin has no public listing
+        if full_selector == "gin.macro" or (own and full_selector == own[0]):
+            continue
+        other = configurable_parameters(full_selector)
+        short = (scope + "/" if scope else "") + ".".join(full_selector.split(".")[-2:])
+        for p in (other[1] if other else []):
+            add(p, f"{short}.{p}", 0)
+    best_own = max((ratio for ratio, mine in scored.values() if mine), default=0.0)
+    ranked = sorted(((n, s) for n, s in scored.items() if s[1] or s[0] > best_own),
+                    key=lambda kv: kv[1], reverse=True)
+    best = ranked[0][1][0] if ranked else 0.0
+    close = [n for n, (ratio, _) in ranked if ratio >= max(0.6, best - 0.1)][:3]
+    head = f"{selector} has no parameter {param}"
+    if close:
+        return f"{head}; did you mean {' or '.join(_as_setting(c, flag) for c in close)}?"
+    return f"{head}; its parameters: {', '.join(own[1]) if own else 'unknown'}"
 
 
 def _macro_file(name: str, gin_files: Sequence[str], search_paths: Sequence[str]) -> str:
