@@ -11,8 +11,9 @@
     One row per objective present (MMLM, InfoXLM, XLM-E, ERNIE-M, VECO) and size, each its
     own process on the same shapes, plus transformers' step at those shapes; a markdown table
     on stdout (and files).
-  python -m xlm_jax.bench --pipeline TASK [--batch_size 32 --sequence_length 128 --batches 50]
-      [--prepared DIR] [--num_processes P --process_index p] [--epoch] [--resume_at S1,S2]
+  python -m xlm_jax.bench --pipeline TASK [--module M] [--batch_size 32 --sequence_length 128
+      --batches 50] [--prepared DIR] [--num_processes P --process_index p] [--epoch]
+      [--resume_at S1,S2]
     The seqio pipeline's examples/s, tokens/s and bytes read by this process, or a resume's
     cost (needs the data extra, i.e. TensorFlow; `python -m xlm_jax.data.pipeline_bench
     --help` lists the flags).
@@ -413,7 +414,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = cli_help.Parser(prog="python -m xlm_jax.bench", description=__doc__,
                         formatter_class=cli.HelpFormatter)
     p.add_argument("--pipeline", default=None,
-                   help="benchmark this seqio task's input pipeline instead")
+                   help="benchmark this seqio task's input pipeline instead (with --batch_size "
+                        "and the flags below; `python -m xlm_jax.data.pipeline_bench --help` "
+                        "lists the rest)")
+    # --pipeline's own flags, passed on to pipeline_bench (None: its default, shown).
+    p.add_argument("--module", default=None,
+                   help="--pipeline: the module that registers the task (default "
+                        "xlm_jax_tasks.demo, the demo data)")
+    p.add_argument("--sequence_length", type=int, default=None,
+                   help="--pipeline: row length (default 128)")
+    p.add_argument("--batches", type=int, default=None,
+                   help="--pipeline: timed batches (default 50)")
     p.add_argument("--table", action="store_true",
                    help="every objective x --sizes, each in its own process; a markdown table")
     p.add_argument("--sizes", default="base,large", help="--table: comma-separated sizes")
@@ -434,15 +445,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="trace the timed steps with jax.profiler into this directory (view with "
                         "TensorBoard's profile plugin) and print the time by op")
     args, rest = p.parse_known_args(argv)
-    for flag in ("steps", "batch_size", "seq_len"):
+    for flag in ("steps", "batch_size", "seq_len", "sequence_length", "batches"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             p.error(f"--{flag} {value}: must be >= 1")
+    pipeline_only = [f"--{f}" for f in ("module", "sequence_length", "batches")
+                     if getattr(args, f) is not None]
+    if pipeline_only and not args.pipeline:
+        p.error(f"{pipeline_only[0]} is a --pipeline flag")
     if args.pipeline:
         from xlm_jax.data.pipeline_bench import main as pipeline_main
 
         sized = ["--batch_size", str(args.batch_size)] if args.batch_size else []
         sized += ["--json", args.json] if args.json else []
+        for flag in ("module", "sequence_length", "batches"):
+            if getattr(args, flag) is not None:
+                sized += [f"--{flag}", str(getattr(args, flag))]
         pipeline_main(["--pipeline", args.pipeline] + sized + rest)  # prints its figures
         return 0
     from xlm_jax.train.gin_utils import rewrite_gin_args

@@ -249,6 +249,7 @@ def main(argv: Optional[Sequence[str]] = None) -> PipelineBenchResult | EpochRea
     except ImportError as e:
         raise SystemExit(f"pipeline_bench: cannot import --module {args.module!r} ({e}); run "
                          "from the repository root") from e
+    _check_registered(args.pipeline, args.module)
     shard = {"process_index": args.process_index, "num_processes": args.num_processes}
     where = (f"pipeline {args.pipeline}" + (f" (prepared {args.prepared})" if args.prepared
                                             else "")
@@ -292,6 +293,25 @@ def main(argv: Optional[Sequence[str]] = None) -> PipelineBenchResult | EpochRea
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
     return out
+
+
+def _check_registered(name: str, module: str) -> None:
+    """Exits with one line naming `name`, the module searched and the closest registered
+    names when no Task or Mixture `name` is registered. Why: the lookup's ValueError reached
+    the user as a 24-line traceback, and its list of 30 names never said which module had
+    been imported, which is what to change."""
+    import difflib  # pylint: disable=g-import-not-at-top
+
+    import seqio  # pylint: disable=g-import-not-at-top
+
+    known = sorted(set(seqio.MixtureRegistry.names()) | set(seqio.TaskRegistry.names()))
+    if name in known:
+        return
+    close = difflib.get_close_matches(name, known, n=3)
+    hint = f"did you mean {' or '.join(close)}? else " if close else ""
+    raise SystemExit(f"error: pipeline_bench: no task or mixture {name!r} after importing "
+                     f"--module {module} ({len(known)} are registered); {hint}pass the module "
+                     "that registers it with --module")
 
 
 def _mb(n: Optional[int]) -> str:
