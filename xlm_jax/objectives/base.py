@@ -48,13 +48,16 @@ Objectives with state (InfoXLM's momentum encoder and queue) keep it in `init_st
   forward passes of the initial parameters, no gradient, that fill the state (InfoXLM's queue,
   as unilm's `fill_queue`). The trainer runs it once per run (`xlm_jax.train.prefill`); the
   batches it takes are counted in the stream's position, so a resume continues exactly.
+What "not learning" looks like in its own metrics, an objective declares in `health_checks()`
+(`HealthCheck`s; none by default): the trainer reads them on the metrics it logs and warns
+once per check that fires (`xlm_jax.train.health`, which holds the thresholds).
 """
 from __future__ import annotations
 
 import abc
 import dataclasses
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import flax
@@ -122,6 +125,79 @@ def check_kind(owner: str, kind: str, allowed: Sequence[str] = KINDS) -> str:
     if name not in allowed:
         raise ValueError(f"{owner}: kind={kind!r} must be one of {valid_kinds(allowed)}")
     return name
+
+
+# How a metric shows that its objective is not learning (`HealthCheck.condition`); the thresholds
+# are the trainer's (`xlm_jax.train.health.HealthConfig`), the metric and its reference value
+# the objective's:
+# - near_zero: the value is ~0 (a detector that finds nothing: RTD's precision, recall);
+# - near_baseline: the value is within a hair of (or below) `baseline`, what a trivial answer
+#   scores (RTD's accuracy against answering "original" everywhere);
+# - near_chance: the value is within a factor of `baseline`, the chance rate (XLCo's accuracy
+#   against 1 / (negatives + 1));
+# - below_floor: the value is at or below a small absolute floor (a masked LM's accuracy: the
+#   most-frequent-token rate is not among the metrics, so the floor is its proxy);
+# - rising: the value's mean over the last window is above the window's before (a loss).
+HEALTH_CONDITIONS = ("near_zero", "near_baseline", "near_chance", "below_floor", "rising")
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthCheck:
+    """One way an objective's metric shows that it is not learning, as the objective declares
+    it (`Objective.health_checks`); the trainer evaluates it on the metric's mean over a
+    window of the objective's steps after a warm-up and warns once if it holds.
+
+    metric: the metric read, unprefixed (`rtd_recall`; the trainer reads `<objective>/...`).
+    condition: one of `HEALTH_CONDITIONS`.
+    meaning: what the condition says about the objective, for the warning
+      ("the discriminator answers 'original' everywhere (collapsed)").
+    knob: the first setting to try, for the warning ("a larger rtd_weight (lambda)").
+    baseline: near_baseline and near_chance only: the reference value from the objective's
+      window metrics (unprefixed, means over the window), or None where they do not give one;
+      `baseline_name` says what it is ("1 - replaced share").
+    ready: a metric that must be 1 at a step for the step to count (XLCo's `queue_fill`).
+    after_updates: the objective's first updates that do not count (an objective whose loss
+      starts late: BTMLM's `start_step`).
+    """
+
+    metric: str
+    condition: str
+    meaning: str
+    knob: str
+    baseline: Callable[[Mapping[str, float]], float | None] | None = None
+    baseline_name: str = ""
+    ready: str | None = None
+    after_updates: int = 0
+
+    def __post_init__(self) -> None:
+        if self.condition not in HEALTH_CONDITIONS:
+            raise ValueError(f"HealthCheck({self.metric!r}): condition={self.condition!r} must "
+                             f"be one of {', '.join(HEALTH_CONDITIONS)}")
+        needs = self.condition in ("near_baseline", "near_chance")
+        if needs != (self.baseline is not None):
+            raise ValueError(f"HealthCheck({self.metric!r}): condition={self.condition!r} "
+                             f"{'needs' if needs else 'takes no'} baseline")
+
+
+def accuracy_floor_check(who: str, metric: str = "accuracy", after_updates: int = 0
+                         ) -> HealthCheck:
+    """The check of a masked LM's (or a decoder's) token accuracy: at or below the floor, it
+    is right less often than always answering a corpus's commonest token would be."""
+    return HealthCheck(
+        metric, "below_floor", after_updates=after_updates,
+        meaning=f"{who} is right less often than always answering the commonest token would be "
+                "(it learns nothing)",
+        knob="a higher learning rate (OptimizerConfig.learning_rate)")
+
+
+def loss_rising_check(metric: str = "loss", who: str = "the loss", ready: str | None = None,
+                      after_updates: int = 0) -> HealthCheck:
+    """The check of a loss that rises over a window: what the trainer watches in every
+    objective's `loss` unless the objective declares a "rising" check of its own."""
+    return HealthCheck(metric, "rising", ready=ready, after_updates=after_updates,
+                       meaning=f"{who} rises (the updates undo what was learnt)",
+                       knob="a lower learning rate (OptimizerConfig.learning_rate) or a "
+                            "longer warm-up (OptimizerConfig.warmup_steps)")
 
 
 # What the trainer can pass to an objective's constructor (`Objective.run_arguments`):
@@ -262,6 +338,12 @@ class Objective(abc.ABC):
         differentiated. Unchanged by default."""
         del params, prepared, rng
         return state
+
+    def health_checks(self) -> tuple[HealthCheck, ...]:
+        """What "not learning" looks like in its metrics (see `HealthCheck`); none by default.
+        Beside them the trainer watches every objective's `loss` for a rise, unless the
+        objective declares a "rising" check of its own (which loss it watches)."""
+        return ()
 
 
 # ----------------------------------------------------------------------------- the loss terms
