@@ -1,6 +1,6 @@
-"""What a run does between its steps, as actions: logging, the evaluators (held-out loss,
-retrieval, the transfer probe, a user's own), checkpoints, profiling, the operative config,
-and any action a user adds.
+"""What a run does between its steps, as actions: logging, the objectives' health checks, the
+evaluators (held-out loss, retrieval, the transfer probe, a user's own), checkpoints,
+profiling, the operative config, and any action a user adds.
 
 The loop (`loop.train`) calls every action after every step with a `StepEnd` and the state:
 `action(end, state)`. Before that it asks each `action.due(end)` whether it needs the step's
@@ -34,6 +34,7 @@ from xlm_jax.train import checkpoints as ckpt_lib
 from xlm_jax.train import data_state
 from xlm_jax.train import evaluators as evaluators_lib
 from xlm_jax.train import flops as flops_lib
+from xlm_jax.train import health as health_lib
 from xlm_jax.train import writers as writers_lib
 from xlm_jax.train import step as step_lib
 from xlm_jax.train.resume import ResumeInfo
@@ -131,6 +132,36 @@ class LogMetrics(Action):
         self.progress.update(end.step, last)
         self.last = last
         self._window_tokens, self._window_start = 0, time.perf_counter()
+
+
+class CheckHealth(Action):
+    """The objectives' health checks (`train.health`) on the metrics the loop reads for the
+    other actions (log, save and eval steps): it asks for no read of its own, so the checks
+    run at the log steps. A check that fires logs one WARNING (process 0) and is not evaluated
+    again; `report()` lists them for the run's last line. Off with `HealthConfig.enabled`."""
+
+    def __init__(self, objs: Sequence[step_lib.WeightedObjective], cfg: health_lib.HealthConfig,
+                 lr_warmup_steps: int, is_primary: bool = True):
+        self.cfg, self.is_primary = cfg, is_primary
+        self.warmup_steps = cfg.warmup(lr_warmup_steps)
+        self.monitor = health_lib.Monitor(objs, cfg, self.warmup_steps) if cfg.enabled else None
+
+    def __call__(self, end: StepEnd, state: Any) -> None:
+        if self.monitor is None or not end.metrics:
+            return
+        for step, metrics in end.metrics:
+            self.monitor.observe(step, metrics)
+        for fired in self.monitor.check(end.step):
+            if self.is_primary:
+                health_lib.logger.warning(fired.message)
+
+    def report(self) -> health_lib.HealthReport:
+        """What the checks found so far (an empty report when they are off)."""
+        if self.monitor is None:
+            return health_lib.HealthReport(enabled=False, checks=0, ran=0, fired=(),
+                                           warmup_steps=self.warmup_steps,
+                                           window_steps=self.cfg.window_steps)
+        return self.monitor.report()
 
 
 class Evaluate(Action):

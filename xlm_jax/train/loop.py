@@ -4,9 +4,10 @@ setup (`train.setup`): checks that need nothing built -> model + objectives -> s
 (init, pre-trained init, or restore with its `ResumeInfo`) -> data streams from the restored
 step -> at a run's start, the fill of objectives whose state must be ready at step 1
 (`train.prefill`: XLCo's queue). Then the step loop: each step is dispatched, and every
-periodic job — logging, the evaluators (`train.evaluators`), checkpoints, profiling, the
-operative config, a user's own — is an action called after it (`train.actions`). Everything
-else is wired in .gin files (`gin_configs/`), as t5x does.
+periodic job — logging, the objectives' health checks (`train.health`), the evaluators
+(`train.evaluators`), checkpoints, profiling, the operative config, a user's own — is an
+action called after it (`train.actions`); the run's last line lists the health checks that
+fired. Everything else is wired in .gin files (`gin_configs/`), as t5x does.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from xlm_jax.train import checkpoints as ckpt_lib
 from xlm_jax.train import streams as streams_lib
 from xlm_jax.train import evaluators as evaluators_lib
 from xlm_jax.train import flops as flops_lib
+from xlm_jax.train import health as health_lib
 from xlm_jax.train import writers as writers_lib
 from xlm_jax.train import mixture
 from xlm_jax.train import optim as optim_lib
@@ -56,6 +58,7 @@ class TrainResult:
     seq_len: int
     objectives: tuple[str, ...]
     shapes: dict[str, mixture.Shape]
+    health: health_lib.HealthReport | None = None  # the health checks that fired
 
 
 def model_config(size: str = "base", overrides: Mapping[str, Any] | None = None,
@@ -103,7 +106,8 @@ def train(model_dir: str,
           force_synthetic: bool = False,
           profile_first_step: int = 1,
           profile_steps: int = 0,
-          actions: Sequence[actions_lib.Action] = ()) -> TrainResult:
+          actions: Sequence[actions_lib.Action] = (),
+          health: health_lib.HealthConfig = health_lib.HealthConfig()) -> TrainResult:
     """Trains the objective mixture; resumes from the latest checkpoint in `model_dir`.
 
     `data_resume` says how the input streams continue after a restart: "checkpoint" (saves
@@ -136,6 +140,9 @@ def train(model_dir: str,
     `force_synthetic` feeds every objective synthetic batches of its kind (the benchmark).
     `actions` run after the built-in ones at every step (`train.actions`: a job's own
     bookkeeping, an extra eval; the tests park a run there to kill it after a save).
+    `health` (`train.health.HealthConfig`): the objectives' health checks, read at the log
+    steps after a warm-up; each one that fires logs a WARNING once, and the run's last line
+    (`health: ...`) lists them.
     Progress lines go to stdout (`contextlib.redirect_stdout` to silence them).
     """
     # ---- setup: everything that can fail does so here, before anything is compiled
@@ -208,6 +215,8 @@ def train(model_dir: str,
         run_actions = [
             actions_lib.Profile(model_dir, profile_first_step, profile_steps, train_steps), log,
             evaluate, saver, actions_lib.WriteOperativeConfig(model_dir), *actions]
+        checks = actions_lib.CheckHealth(objs, health, optimizer.warmup_steps, is_primary)
+        run_actions.insert(run_actions.index(log) + 1, checks)  # reads what `log` had read
         if resume.step == 0 and save_initial:  # step 0 = the untrained model, for baselines
             saver.save_initial(state)
         if resume.step == 0 and eval_at_start:  # the evaluators' step-0 baseline
@@ -248,12 +257,15 @@ def train(model_dir: str,
         for action in reversed(run_actions):
             action.close()
         writer.close()
+    if is_primary:  # the checks that fired, or that none did
+        print(checks.report().summary(), flush=True)
     return TrainResult(model_dir=model_dir, final_step=done, preempted=preempted,
                        losses=log.losses, last_metrics=log.last, step_seconds=step_seconds,
                        tokens_per_step=(float(np.mean(log.step_tokens)) if log.step_tokens
                                         else 0.0),
                        flops_per_token=flops_per_token, model=model, batch_size=batch_size,
-                       seq_len=seq_len, objectives=tuple(objectives), shapes=shapes)
+                       seq_len=seq_len, objectives=tuple(objectives), shapes=shapes,
+                       health=checks.report())
 
 
 def _tokens(local: Mapping[str, Mapping[str, np.ndarray]], pad_id: int) -> int:
