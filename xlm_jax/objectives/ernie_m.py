@@ -79,7 +79,8 @@ from xlm_jax.models import flops
 from xlm_jax.models import masks as masks_lib
 from xlm_jax.models.token_mask import TokenMask
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import ROW_IDS, Batch, LossOutput, Metric, Objective
+from xlm_jax.objectives.base import (ROW_IDS, Batch, HealthCheck, LossOutput, Metric, Objective,
+                                     accuracy_floor_check, loss_rising_check)
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens, regular_token_logits
 from xlm_jax.objectives.mlm import masked_lm_sums, with_restarted_positions
 
@@ -217,6 +218,10 @@ class CrossAttentionMLM(Objective):
         metrics = {"accuracy": Metric(src_ok + tgt_ok, n_src + n_tgt),
                    "src_accuracy": Metric(src_ok, n_src), "tgt_accuracy": Metric(tgt_ok, n_tgt)}
         return LossOutput(losses={"src": src_sum, "tgt": tgt_sum}, metrics=metrics)
+
+    def health_checks(self) -> tuple[HealthCheck, ...]:
+        """Its accuracy (both sides) at or below the floor (`train.health`)."""
+        return (accuracy_floor_check("CAMLM's masked LM"),)
 
     def flops_per_example(self, seq_len: int) -> float:
         """One or two differentiated passes and the head at both sides' prediction slots."""
@@ -416,3 +421,9 @@ class BackTranslationMLM(Objective):
         enc, head = seq_len * flops.encoder_flops(cfg, seq_len), flops.head_flops(cfg)
         return (enc + self._slots(seq_len)[1] * head
                 + 3.0 * (enc + self.masking.max_predictions * head))
+
+    def health_checks(self) -> tuple[HealthCheck, ...]:
+        """Stage 2's accuracy at or below the floor and its loss rising, both from its
+        `start_step`-th update on (its loss is 0 before)."""
+        return (accuracy_floor_check("BTMLM's masked LM", after_updates=self.start_step),
+                loss_rising_check(after_updates=self.start_step))

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 from xlm_jax.data.features import example_kind
 from xlm_jax.models import flops
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import ROW_IDS, Batch, LossOutput, Metric, Objective, check_kind
+from xlm_jax.objectives.base import (ROW_IDS, Batch, HealthCheck, LossOutput, Metric, Objective,
+                                     accuracy_floor_check, check_kind)
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
 
 
@@ -136,3 +137,7 @@ class MaskedLM(Objective):
         count = jnp.sum(prepared["target_weights"])
         return LossOutput(losses={"loss": loss_sum},
                           metrics={"accuracy": Metric(correct, count)})
+
+    def health_checks(self) -> tuple[HealthCheck, ...]:
+        """Its accuracy at or below the floor (`train.health`)."""
+        return (accuracy_floor_check("the masked LM"),)

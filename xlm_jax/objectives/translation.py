@@ -46,8 +46,8 @@ from xlm_jax.models import flops
 from xlm_jax.models import layer_stack
 from xlm_jax.models.token_mask import TokenMask
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import (ENCODER, OBJECTIVES, ROW_IDS, Batch, LossOutput, Metric,
-                                     Objective)
+from xlm_jax.objectives.base import (ENCODER, OBJECTIVES, ROW_IDS, Batch, HealthCheck, LossOutput,
+                                     Metric, Objective, accuracy_floor_check)
 
 SHARED = ("embeddings", "mlm_head")  # the decoder reads these from the encoder
 TAKE = ("last", "first")
@@ -279,3 +279,6 @@ class Translation(Objective):
                    "nll": Metric(jnp.sum(nll * weight), count)}  # without the smoothing
         return LossOutput(losses={"loss": jnp.sum(per_token * weight)}, metrics=metrics)
 
+    def health_checks(self) -> tuple[HealthCheck, ...]:
+        """The decoder's token accuracy at or below the floor (`train.health`)."""
+        return (accuracy_floor_check("the decoder"),)

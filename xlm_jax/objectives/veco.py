@@ -54,7 +54,8 @@ import jax.numpy as jnp
 from xlm_jax.models import flops
 from xlm_jax.models.token_mask import TokenMask
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import Batch, LossOutput, Metric, Objective
+from xlm_jax.objectives.base import (Batch, HealthCheck, LossOutput, Metric, Objective,
+                                     accuracy_floor_check)
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
 from xlm_jax.objectives.mlm import encoder_kwargs, masked_lm_sums, side_rows
 
@@ -186,6 +187,11 @@ class VariableMLM(Objective):
         metrics = {"accuracy": Metric(sum(sums[t][1] for t in TERMS), sum(n.values()))}
         metrics.update({f"{t}_accuracy": Metric(sums[t][1], n[t]) for t in TERMS})
         return LossOutput(losses={t: sums[t][0] for t in TERMS}, metrics=metrics)
+
+    def health_checks(self) -> tuple[HealthCheck, ...]:
+        """Its accuracy over the four terms' predictions at or below the floor
+        (`train.health`)."""
+        return (accuracy_floor_check("VECO's masked LM (IS and CS)"),)
 
     def flops_per_example(self, seq_len: int) -> float:
         """Two IS passes and two CS passes (with cross-attention over the other row, whose

@@ -63,8 +63,8 @@ from xlm_jax.data.features import PAD_ID, example_kind
 from xlm_jax.models import flops
 from xlm_jax.models import heads as heads_lib
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import (ENCODER, OBJECTIVES, Batch, LossOutput, Metric, Objective,
-                                     check_kind)
+from xlm_jax.objectives.base import (ENCODER, OBJECTIVES, Batch, HealthCheck, LossOutput, Metric,
+                                     Objective, check_kind, loss_rising_check)
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
 from xlm_jax.objectives.mlm import encoder_kwargs, side_rows
 
@@ -332,3 +332,26 @@ class XLCo(Objective):
             metrics["queue_fill"] = Metric(jnp.float32(filled) / self.queue_size, 1.0)
         return LossOutput(losses={"loss": loss_sum}, metrics=metrics,
                           state_inputs={"keys": k, "valid": valid})
+
+    def health_checks(self) -> tuple[HealthCheck, ...]:
+        """Accuracy within a factor of chance, 1 / (negatives + 1) with the queue's negatives
+        and, with `in_batch_negatives`, the step's other rows (its `count`; under gradient
+        accumulation a microbatch has fewer, so chance is higher than this), and the loss
+        rising; both from the steps at which the queue is full (`queue_fill` 1: with
+        `initial_fill="warmup"` the loss is 0 before)."""
+
+        def chance(m: Mapping[str, float]) -> float:
+            others = max(m.get("count", 1.0) - 1.0, 0.0) if self.in_batch_negatives else 0.0
+            return 1.0 / (self.queue_size + others + 1.0)
+
+        ready = "queue_fill" if self.queue_size else None
+        keys = "queue_size + rows" if self.in_batch_negatives else "queue_size + 1"
+        knob = ("a higher learning rate (OptimizerConfig.learning_rate), then whether the key "
+                "rows are the query rows' translations" if self.in_batch_negatives else
+                "in_batch_negatives=True or a smaller queue_size (fewer, fresher negatives)")
+        return (
+            HealthCheck("accuracy", "near_chance", baseline=chance, ready=ready, knob=knob,
+                        baseline_name=f"chance 1/({keys})",
+                        meaning="the positive key wins no more often than a random pick among "
+                                "the negatives would (the contrast learns nothing)"),
+            loss_rising_check(ready=ready))

@@ -77,7 +77,8 @@ from xlm_jax.models import heads as heads_lib
 from xlm_jax.models.common import normal_init
 from xlm_jax.models.config import POSITION_TYPES, ModelConfig
 from xlm_jax.models.transformer import Transformer
-from xlm_jax.objectives.base import Batch, LossOutput, Metric, Objective, check_kind
+from xlm_jax.objectives.base import (Batch, HealthCheck, LossOutput, Metric, Objective,
+                                     accuracy_floor_check, check_kind, loss_rising_check)
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens, regular_token_logits
 from xlm_jax.objectives.mlm import (check_restart, encoder_kwargs, masked_lm_sums,
                                     with_restarted_positions)
@@ -347,3 +348,34 @@ class ReplacedTokenDetection(Objective):
             self.gen_config)
         disc = seq_len * (flops.encoder_flops(self.model.config, seq_len) + 2 * (d * d + d))
         return 3.0 * (gen + disc)
+
+    def health_checks(self) -> tuple[HealthCheck, ...]:
+        """The discriminator collapsed (precision or recall ~0, or accuracy within a hair of
+        the majority rate, answering 'original' everywhere), the generator's masked LM at the
+        floor, and the generator's loss rising. The rise watched is `mlm_loss`, not `loss`:
+        the detection loss may rise while the generator improves (its samples get harder to
+        tell), so the total's rise says nothing by itself."""
+
+        def majority_rate(m: Mapping[str, float]) -> float | None:
+            """1 - s, the accuracy of answering 'original' everywhere, with s the replaced
+            share of the tokens: accuracy a = 1 - s (1 + r/p - 2r) at precision p and recall
+            r. Without a true positive (p = 0) this is a (1 - s counts the false positives
+            too), a bound below the rate, which the accuracy cannot beat either."""
+            a, p, r = m["rtd_accuracy"], m["rtd_precision"], m["rtd_recall"]
+            denom = 1.0 + (r / p if p > 0 else 0.0) - 2.0 * r
+            return 1.0 - (1.0 - a) / denom if denom > 0 else None
+
+        knob = "a larger rtd_weight (lambda) or a smaller generator (generator_layers)"
+        collapsed = "(it answers 'original' everywhere: collapsed)"
+        return (
+            HealthCheck("rtd_precision", "near_zero", knob=knob,
+                        meaning=f"the discriminator's 'replaced' answers are all wrong "
+                                f"{collapsed}"),
+            HealthCheck("rtd_recall", "near_zero", knob=knob,
+                        meaning=f"the discriminator finds no replaced token {collapsed}"),
+            HealthCheck("rtd_accuracy", "near_baseline", knob=knob, baseline=majority_rate,
+                        baseline_name="the majority rate 1 - replaced share",
+                        meaning="the discriminator does no better than answering 'original' "
+                                "everywhere"),
+            accuracy_floor_check("the generator's masked LM", "mlm_accuracy"),
+            loss_rising_check("mlm_loss", "the generator's loss"))
