@@ -1,5 +1,10 @@
 """HF XLM-R <-> xlm_jax parameter conversion, and the xlm_jax on-disk model format.
 
+An XLM-R-shaped model (`is_xlmr_shaped`: post-LN, absolute positions, no language table, no
+cross-attention) exports as XLM-R; every other one in the self-contained format of
+`xlm_jax.convert.remote` (PyTorch remote code shipped beside the weights), which
+`load_hf_dir` reads too.
+
 HF layout (`XLMRobertaForMaskedLM` / `XLMRobertaModel`): `[roberta.]embeddings.*`,
 `[roberta.]encoder.layer.{i}.attention.self.{query,key,value}`, `...attention.output.dense`,
 `...attention.output.LayerNorm`, `...intermediate.dense`, `...output.dense`,
@@ -21,10 +26,12 @@ from typing import Any
 import numpy as np
 
 from xlm_jax import model_dir as md
+from xlm_jax.convert.common import HF_SPM_NAME, HF_WEIGHT_NAMES, expected_shapes
+from xlm_jax.convert.common import read_hf_weights
+from xlm_jax.convert.common import get_path as _get
+from xlm_jax.convert.common import set_path as _set
+from xlm_jax.convert.common import write_safetensors
 from xlm_jax.models.config import VOCAB_PARAMS, ModelConfig
-
-HF_WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin")
-HF_SPM_NAME = "sentencepiece.bpe.model"
 
 Params = dict[str, Any]
 
@@ -56,16 +63,38 @@ def hf_config_to_model_config(hf: Mapping[str, Any], source: str = "config.json"
         raise ValueError(f"{source}: missing key {e.args[0]!r}") from None
 
 
+def xlmr_incompatibilities(cfg: ModelConfig) -> list[str]:
+    """What keeps `cfg` from being XLM-R-shaped, one phrase per feature naming the field and
+    what it is (empty: `XLMRobertaModel` computes this model exactly)."""
+    out = []
+    if cfg.ln_style != "post":
+        out.append(f"ln_style={cfg.ln_style!r} (pre-LN layers and a final LayerNorm; XLM-R is "
+                   "post-LN)")
+    if cfg.position_type != "absolute":
+        out.append(f"position_type={cfg.position_type!r} (the XLM-E gated relative position "
+                   "bias, which XLM-R has no weights for)")
+    if cfg.num_languages:
+        out.append(f"num_languages={cfg.num_languages} (a language-embedding table, which "
+                   "XLM-R lacks)")
+    if cfg.cross_attention:
+        out.append("cross_attention=True (VECO's cross-attention blocks; export the NLU "
+                   "encoder, `models.reassemble.nlu_encoder`)")
+    return out
+
+
+def is_xlmr_shaped(cfg: ModelConfig) -> bool:
+    """True when HF's `XLMRobertaModel` computes `cfg`'s model exactly."""
+    return not xlmr_incompatibilities(cfg)
+
+
 def model_config_to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
-    """An XLM-R-compatible `config.json` for `XLMRobertaForMaskedLM`."""
-    incompatible = {k: v for k, v in (("ln_style", "post"), ("position_type", "absolute"),
-                                      ("num_languages", 0), ("cross_attention", False))
-                    if getattr(cfg, k) != v}
+    """An XLM-R-compatible `config.json` for `XLMRobertaForMaskedLM`; a ValueError naming
+    every feature XLM-R lacks for any other model (`xlm_jax.convert.remote` exports those)."""
+    incompatible = xlmr_incompatibilities(cfg)
     if incompatible:
-        bad = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in incompatible)
-        why = (" (HF XLM-R has no gated relative position bias: an XLM-E discriminator loads "
-               "with xlm_jax.load_encoder only)" if "position_type" in incompatible else "")
-        raise ValueError(f"cannot export to XLM-R: {bad} has no XLM-R equivalent{why}")
+        raise ValueError(f"cannot export as XLM-R: {'; '.join(incompatible)}; the "
+                         "self-contained format (export-hf --format xlm_jax, or the default "
+                         "auto) exports it")
     return {
         "architectures": ["XLMRobertaForMaskedLM"], "model_type": "xlm-roberta",
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
@@ -135,36 +164,6 @@ def parameter_map(cfg: ModelConfig, with_mlm_head: bool = True
     return rows
 
 
-def _set(tree: Params, path: str, value: Any) -> None:
-    *parents, leaf = path.split("/")
-    for p in parents:
-        tree = tree.setdefault(p, {})
-    tree[leaf] = value
-
-
-def _get(tree: Mapping[str, Any], path: str) -> Any:
-    for p in path.split("/"):
-        tree = tree[p]
-    return tree
-
-
-def expected_shapes(cfg: ModelConfig, with_mlm_head: bool = True) -> dict[str, tuple[int, ...]]:
-    """Parameter shapes of our model for `cfg`, by path (computed without allocating)."""
-    import jax
-    import flax.linen as nn
-
-    from xlm_jax.models.transformer import Transformer
-
-    model = Transformer(cfg, with_mlm_head=with_mlm_head)
-    ids = jax.ShapeDtypeStruct((1, 4), np.int32)
-    # A model with language embeddings needs lang_ids to create its table.
-    lang = (lambda i: {"lang_ids": i}) if cfg.num_languages else (lambda i: {})
-    shapes = jax.eval_shape(
-        lambda i: nn.meta.unbox(model.init(jax.random.PRNGKey(0), i, **lang(i))), ids)["params"]
-    flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
-    return {"/".join(k.key for k in path): tuple(v.shape) for path, v in flat}
-
-
 def pad_vocab(path: str, value: np.ndarray, cfg: ModelConfig) -> np.ndarray:
     """Zero rows appended to a vocabulary table of exactly `cfg.vocab_size` rows, up to
     `cfg.padded_vocab_size`; any other parameter (or size) is returned unchanged."""
@@ -219,48 +218,28 @@ def params_to_hf_state(params: Params, cfg: ModelConfig) -> dict[str, np.ndarray
 
 # ----------------------------------------------------------------------------- files
 
-def read_hf_weights(hf_dir: str) -> dict[str, np.ndarray]:
-    """Reads `model.safetensors` or `pytorch_model.bin` (torch, `weights_only=True`); local
-    files are memory-mapped, gs:// ones read whole."""
-    root = md.resolve(hf_dir)
-    st = root / "model.safetensors"
-    if st.exists():
-        from safetensors.numpy import load, load_file
-
-        return load(st.read_bytes()) if md.is_remote(st) else load_file(os.fspath(st))
-    binf = root / "pytorch_model.bin"
-    if binf.exists():
-        import torch
-
-        with binf.open("rb") as f:
-            sd = torch.load(f, map_location="cpu", weights_only=True)
-        return {k: v.float().numpy() for k, v in sd.items()}
-    raise FileNotFoundError(f"{hf_dir}: no weights found (looked for {', '.join(HF_WEIGHT_NAMES)})")
-
-
 def load_hf_dir(hf_dir: str) -> tuple[ModelConfig, Params]:
-    """Config + params of an HF XLM-R directory."""
+    """Config + params of an HF directory: XLM-R, or what `export-hf` wrote for any other
+    model (`model_type` "xlm_jax", read by `xlm_jax.convert.remote`)."""
     path = md.resolve(hf_dir) / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{path}: not found (an HF model directory needs config.json)")
-    cfg = hf_config_to_model_config(md.read_json(path), source=os.fspath(path))
+    hf = md.read_json(path)
+    from xlm_jax.convert import remote
+
+    if remote.is_remote_config(hf):
+        return remote.load_remote_dir(hf_dir)
+    cfg = hf_config_to_model_config(hf, source=os.fspath(path))
     return cfg, hf_state_to_params(read_hf_weights(hf_dir), cfg, source=hf_dir)
 
 
 def save_hf_dir(out_dir: str, cfg: ModelConfig, params: Params,
                 spm_from: str | None = None) -> None:
     """Writes `config.json` + `model.safetensors` (+ `sentencepiece.bpe.model` when known)."""
-    from safetensors.numpy import save, save_file
-
     root = md.resolve(out_dir)
     root.mkdir(parents=True, exist_ok=True)
     md.write_json(root / "config.json", model_config_to_hf_config(cfg))
-    state, meta = params_to_hf_state(params, cfg), {"format": "pt"}
-    weights = root / "model.safetensors"
-    if md.is_remote(weights):
-        weights.write_bytes(save(state, metadata=meta))
-    else:
-        save_file(state, os.fspath(weights), metadata=meta)
+    write_safetensors(root / "model.safetensors", params_to_hf_state(params, cfg))
     md.copy_spm(md.find_spm(spm_from) if spm_from else None, root, HF_SPM_NAME)
 
 
@@ -283,8 +262,15 @@ def load_xlm_jax(model_dir: str, step: int | None = None) -> tuple[ModelConfig, 
     import orbax.checkpoint as ocp
 
     model_dir = os.fspath(md.resolve(model_dir))
+    if not md.is_model_dir(model_dir):
+        raise FileNotFoundError(f"{model_dir}: not an xlm_jax model directory (no "
+                                f"{md.CONFIG_NAME})")
     cfg = md.read_config(model_dir)
     params_dir = md.params_dir(model_dir)
+    if step is not None and md.has_params_dir(model_dir) and not md.checkpoint_steps(model_dir):
+        raise FileNotFoundError(f"{model_dir}: step {step} asked for, but this directory holds "
+                                f"one set of parameters ({md.PARAMS_DIR}/) and no trainer "
+                                "checkpoints: leave the step out")
     if step is not None or not md.has_params_dir(model_dir):
         params_dir = md.trainer_state_dir(model_dir, step)
     with ocp.StandardCheckpointer() as ckptr:
