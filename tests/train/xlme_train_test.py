@@ -1,6 +1,7 @@
 """XLM-E (MRTD + TRTD, one shared generator and RTD head) in the real trainer: sharded on 8
 fake devices = 1 device, exact gradient accumulation, the discriminator as the pre-trained
-encoder (load_encoder; export-hf refuses the relative-position model with a clear message),
+encoder (load_encoder; export-hf writes it in the self-contained HF format and refuses it as
+XLM-R, which has no relative bias),
 and a TRTD task whose rows are not pairs failing before compiling. The SIGKILL/resume test is
 in cli_test.py (tests/testlib/objective_mix.gin)."""
 import os
@@ -55,7 +56,7 @@ def test_eight_devices_with_accumulation_match_one_and_the_modules_are_shared(tm
     _assert_close(a["opt_state"], b["opt_state"], 1e-5)
 
 
-def test_discriminator_is_the_encoder_and_export_refuses_the_relative_bias(tmp_path):
+def test_discriminator_is_the_encoder_and_exports_but_not_as_xlmr(tmp_path):
     from xlm_jax.convert.__main__ import main as convert_main
     from xlm_jax.encoder import load_encoder
 
@@ -66,8 +67,12 @@ def test_discriminator_is_the_encoder_and_export_refuses_the_relative_bias(tmp_p
     assert "rel_pos" in enc.params and enc.config.position_type == "both"
     out = tmp_path / "hf"
     assert convert_main(["export-hf", "--checkpoint", str(tmp_path / "run"),
-                         "--out", str(out)]) == 2
+                         "--out", str(out), "--format", "xlm-roberta"]) == 2
     assert not os.path.exists(out / "model.safetensors")
+    assert convert_main(["export-hf", "--checkpoint", str(tmp_path / "run"),
+                         "--out", str(out)]) == 0  # the self-contained format (auto)
+    back = load_encoder(str(out))
+    _assert_close(back.params, enc.params, 0.0)
 
 
 def test_trtd_on_rows_that_are_not_pairs_fails_before_compiling(tmp_path):
