@@ -47,7 +47,7 @@ def test_xlme_run_file_has_table_10():
     got = _query("runs/xlme_base.gin", "%TRAIN_STEPS", "optim.OptimizerConfig.learning_rate",
                  "optim.OptimizerConfig.b2", "optim.OptimizerConfig.clip_norm", "%RTD_WEIGHT",
                  "%GENERATOR_LAYERS", "loop.train.objectives")
-    assert got[:6] == [125000, 5e-4, 0.98, 2.0, 50.0, 4] and set(got[6]) == {"mrtd", "trtd"}
+    assert got[:6] == [125000, 5e-4, 0.98, 2.0, 50.0, "4/12"] and set(got[6]) == {"mrtd", "trtd"}
 
 
 @pytest.mark.parametrize("path, lr, b2, size", [("runs/veco_large.gin", 2e-4, 0.98, "large"),
@@ -69,7 +69,8 @@ def test_veco_run_files_have_table_5(path, lr, b2, size):
 
 
 @pytest.mark.parametrize("path, steps, lr, layer", [
-    ("runs/infoxlm_base.gin", 150000, 2e-4, 8), ("runs/infoxlm_large.gin", 200000, 1e-4, 12)])
+    ("runs/infoxlm_base.gin", 150000, 2e-4, "8/12"),
+    ("runs/infoxlm_large.gin", 200000, 1e-4, "12/24")])
 def test_infoxlm_run_files_have_table_10(path, steps, lr, layer):
     got = _query(path, "%TRAIN_STEPS", "%BATCH_SIZE", "optim.OptimizerConfig.learning_rate",
                  "optim.OptimizerConfig.warmup_steps", "optim.OptimizerConfig.b1",
@@ -126,8 +127,9 @@ def test_veco_from_xlmr_trains_the_cross_attention_first():
 # XLM-E Table 2 (§4.3) is cumulative: "-TRTD", then "-TRTD -Gated relative position bias".
 # ERNIE-M Table 6 (§4.3): see the test above.
 INFOXLM15 = "runs/infoxlm_ablations/"
-MIXUP = {"xlco/xlco.XLCo.kind": "mixup_pair", "%XLCO_MOMENTUM": 0.999, "%XLCO_LAYER": 8}
-NO_TLM = {"xlco/xlco.XLCo.kind": "mixup_pair", "%XLCO_MOMENTUM": 0.999, "%XLCO_LAYER": 12}
+# (layer values are "L of a D-layer model", resolved at the model's depth: train/sizing.py)
+MIXUP = {"xlco/xlco.XLCo.kind": "mixup_pair", "%XLCO_MOMENTUM": 0.999, "%XLCO_LAYER": "8/12"}
+NO_TLM = {"xlco/xlco.XLCo.kind": "mixup_pair", "%XLCO_MOMENTUM": 0.999, "%XLCO_LAYER": "12/12"}
 ABLATIONS = {
     INFOXLM15 + "infoxlm15.gin": ("Table 7", "INFOXLM15", {"mmlm", "tlm", "xlco"}, 100000,
                                   MIXUP),
@@ -141,7 +143,7 @@ ABLATIONS = {
     INFOXLM15 + "no_universal_layer.gin": ("Table 7", "-Universal", {"mmlm", "tlm", "xlco"},
                                            100000, {**MIXUP, "%XLCO_LAYER": None}),
     INFOXLM15 + "no_tlm_layer8.gin": ("Table 6", "INFOXLM15 - TLM", {"mmlm", "xlco"}, 100000,
-                                      {**NO_TLM, "%XLCO_LAYER": 8}),
+                                      {**NO_TLM, "%XLCO_LAYER": "8/12"}),
     "runs/xlme_base_no_trtd.gin": ("Table 2", "-TRTD", {"mrtd"}, 125000,
                                    {"%POSITION_TYPE": "both"}),
     "runs/xlme_base_no_trtd_no_gated_bias.gin": (

@@ -36,6 +36,7 @@ from xlm_jax.train import partitioning
 from xlm_jax.train import prefill
 from xlm_jax.train import preemption
 from xlm_jax.train import setup
+from xlm_jax.train import sizing
 from xlm_jax.train import step as step_lib
 from xlm_jax.train.setup import ObjectiveSpec  # run files name it `loop.ObjectiveSpec`
 
@@ -63,18 +64,21 @@ class TrainResult:
 
 def model_config(size: str = "base", overrides: Mapping[str, Any] | None = None,
                  dtype: str | None = None, attention_backend: str | None = None,
-                 remat: str | None = None) -> ModelConfig:
+                 remat: str | None = None, resize: str | None = None) -> ModelConfig:
     """gin-friendly `get_config`: a named size plus a dict of field overrides. `dtype` (the
     compute dtype; parameters keep `param_dtype`), `attention_backend` and `remat` are
     bindings of their own so that a command line or a run file's header can set them without
     restating a run file's whole `overrides` dict (`--gin.loop.model_config.dtype="'float32'"`,
-    `--gin.loop.model_config.remat="'full'"`); each wins over the same key in `overrides`."""
+    `--gin.loop.model_config.remat="'full'"`); each wins over the same key in `overrides`.
+    `resize` (the gin files' `SIZE`, `train.sizing.resized`): a named size whose encoder shape
+    (depth, width, heads, FFN) replaces the file's, after `overrides`: the one knob that makes
+    any run file small (`--gin.SIZE="'tiny'"`)."""
     fields = dict(overrides or {})
     for name, value in (("dtype", dtype), ("attention_backend", attention_backend),
                         ("remat", remat)):
         if value is not None:
             fields[name] = value
-    return get_config(size, **fields)
+    return sizing.resized(get_config(size, **fields), resize)
 
 
 @gin.configurable(denylist=["model_dir"])
