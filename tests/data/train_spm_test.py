@@ -4,6 +4,7 @@ import collections
 import gzip
 import lzma
 import pathlib
+import re
 
 import pytest
 import sentencepiece as spm
@@ -134,7 +135,8 @@ def test_cli(trained, tmp_path, capsys):
                          "--vocab_size", "100", "--alpha", "0.5", "--sentences", "400"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "sw\t12\t" in out and (tmp_path / "cli.model").exists()
+    assert out.startswith("language\tcorpus_sentences\t") and "\nsw\t12\t" in out
+    assert (tmp_path / "cli.model").exists()
     rc = train_spm.main(["--input_dir", str(tmp_path / "missing"), "--model_prefix",
                          str(tmp_path / "x")])
     assert rc == 2
@@ -167,3 +169,60 @@ def test_bad_arguments(trained, tmp_path):
         train_spm.train_spm(str(corpus), str(tmp_path / "m"), sentences=0)
     with pytest.raises(ValueError, match=r"training on .*corpus failed: .*Vocabulary size"):
         train_spm.train_spm(str(corpus), str(tmp_path / "m"), vocab_size=50_000, sentences=200)
+
+
+def _demo_english(root: pathlib.Path, lines: int) -> pathlib.Path:
+    """`root/en.txt`: the first `lines` lines of the demo corpus's English (real text)."""
+    demo = pathlib.Path(__file__).resolve().parents[2] / "tasks" / "demo_data" / "mono"
+    with lzma.open(demo / "en.txt.xz", "rt", encoding="utf-8") as f:
+        text = [line for _, line in zip(range(lines), f)]
+    root.mkdir(parents=True)
+    (root / "en.txt").write_text("".join(text), encoding="utf-8")
+    return root
+
+
+def test_a_corpus_too_small_for_the_vocabulary_warns_once_before_the_table(tmp_path, capsys):
+    """100 demo lines (~3.5k characters) for 100 pieces: below 100 characters per piece, one
+    WARNING line on stderr naming the sizes and the rule; the model is trained anyway."""
+    corpus = _demo_english(tmp_path / "small", 100)
+    rc = train_spm.main(["--input_dir", str(corpus), "--model_prefix", str(tmp_path / "m"),
+                         "--vocab_size", "100", "--sentences", "3000"])
+    assert rc == 0 and (tmp_path / "m.model").exists()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1, err
+    line = err[0]
+    assert line.startswith("WARNING: train_spm: the corpus is small for 100 pieces: "), line
+    assert re.search(r": [\d,]+ characters in \d+ distinct sentences, \d+ per piece, below the "
+                     r"rule of 100 characters per piece \(our choice\); the 3,000 sampled "
+                     r"sentences repeat each one \d+\.\dx on average, .*: use --vocab_size \d+ "
+                     r"or less, or more text$", line), line
+    result = train_spm.train_spm(str(corpus), str(tmp_path / "again"), vocab_size=100,
+                                 sentences=3000, on_warning=lambda _: None)
+    assert result.warning == line.removeprefix("WARNING: ")
+
+
+def test_an_adequate_corpus_gives_no_warning_and_a_labelled_table(tmp_path, capsys):
+    corpus = _demo_english(tmp_path / "enough", 400)
+    rc = train_spm.main(["--input_dir", str(corpus), "--model_prefix", str(tmp_path / "m"),
+                         "--vocab_size", "100", "--sentences", "3000"])
+    assert rc == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    lines = out.splitlines()
+    assert lines[0] == "language\tcorpus_sentences\tsampling_rate\tsampled_sentences\trepeats"
+    n = sum(1 for line in (corpus / "en.txt").read_text().splitlines() if line.strip())
+    assert lines[1] == f"en\t{n}\t1.00000\t3000\t{3000 / n:.2f}" and lines[2].startswith("wrote ")
+
+
+def test_corpus_warning_rule():
+    """Exactly below MIN_CHARACTERS_PER_PIECE characters per piece; the 320 KB corpus of the
+    report, 8000 pieces, 300000 sampled sentences."""
+    rule = train_spm.MIN_CHARACTERS_PER_PIECE
+    assert train_spm.corpus_warning(rule * 8000, 5000, 8000, 300_000) is None
+    assert train_spm.corpus_warning(320_000, 5000, 8000, 300_000) == (
+        "train_spm: the corpus is small for 8000 pieces: 320,000 characters in 5,000 distinct "
+        "sentences, 40 per piece, below the rule of 100 characters per piece (our choice); the "
+        "300,000 sampled sentences repeat each one 60.0x on average, so the pieces fit those "
+        "sentences: use --vocab_size 3200 or less, or more text")
+    assert train_spm.corpus_warning(500, 200, 100, 100).endswith(
+        "each piece is estimated from few occurrences: use more text")

@@ -11,18 +11,24 @@ sentences are used up) and high-resource ones down-sampled. The model is a unigr
 character_coverage 0.9995 and the XLM-R special layout unk=0, bos=1, eos=2, no pad, which
 `xlm_jax.data.vocab` maps to fairseq ids. Sampling uses a fixed seed, so a rerun on the same
 input writes the same training text and the same model.
+
+A corpus too small for the vocabulary is trained anyway (SentencePiece fits it), after one
+WARNING line naming the sizes and the rule (`corpus_warning`): fewer than
+MIN_CHARACTERS_PER_PIECE characters of distinct text per piece. The command prints the
+per-language mix as a table with a header line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
+import logging
 import lzma
 import os
 import sys
 import tempfile
 import zlib
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -33,7 +39,9 @@ from xlm_jax.data import sampling
 from xlm_jax.data.vocab import SPM_TRAINER_IDS
 
 __all__ = [
+    "MIN_CHARACTERS_PER_PIECE",
     "SpmTrainingResult",
+    "corpus_warning",
     "find_language_files",
     "read_sentences",
     "sample_counts",
@@ -43,6 +51,18 @@ __all__ = [
 ]
 
 _SUFFIXES = (".txt.xz", ".txt.gz", ".txt")
+logger = logging.getLogger(__name__)
+
+# The least text a piece needs (our choice): characters of the corpus, each distinct sentence
+# counted once (the sampling's repeats add no evidence), per piece of the vocabulary. The demo
+# corpus has 230 (1.84M characters for 8000 pieces; its model cuts 2.4 characters per token),
+# so 100 is about 40 occurrences of an average piece. Below it SentencePiece still trains, but
+# on text that the sampling repeats many times over, and pieces fit those few sentences.
+MIN_CHARACTERS_PER_PIECE = 100
+# The table `main` prints, one row per language: the corpus's sentences, the alpha-smoothed
+# sampling probability, the sentences written to the training text, and how many times each
+# corpus sentence is drawn on average (> 1: up-sampled with repeats).
+TABLE_COLUMNS = ("language", "corpus_sentences", "sampling_rate", "sampled_sentences", "repeats")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +75,7 @@ class SpmTrainingResult:
     rates: dict[str, float]  # alpha-smoothed sampling probability per language
     sampled_counts: dict[str, int]  # sentences written to the training text per language
     training_text: str | None  # path of the kept training text, None if it was deleted
+    warning: str | None = None  # `corpus_warning`'s line when the corpus is small, else None
 
 
 def _open_text(path: str):
@@ -136,6 +157,27 @@ def sample_sentences(sentences: Sequence[str], count: int, seed: int, lang: str)
     return [sentences[i] for i in idx]
 
 
+def corpus_warning(characters: int, sentences: int, vocab_size: int, sampled: int
+                   ) -> str | None:
+    """The WARNING line for a corpus of `characters` characters in `sentences` distinct
+    sentences, too small for `vocab_size` pieces (fewer than MIN_CHARACTERS_PER_PIECE per
+    piece), naming the sizes, the rule, how often the `sampled` training sentences repeat the
+    corpus's and the largest vocabulary the rule allows; None when the corpus is large enough."""
+    if characters >= MIN_CHARACTERS_PER_PIECE * vocab_size:
+        return None
+    largest = characters // MIN_CHARACTERS_PER_PIECE
+    advice = (f"--vocab_size {largest} or less, or more text" if largest >= 8
+              else "more text")
+    repeats = sampled / max(sentences, 1)
+    why = (f"the {sampled:,} sampled sentences repeat each one {repeats:.1f}x on average, so "
+           "the pieces fit those sentences" if repeats > 1 else
+           "each piece is estimated from few occurrences")
+    return (f"train_spm: the corpus is small for {vocab_size} pieces: {characters:,} characters "
+            f"in {sentences:,} distinct sentences, {characters / vocab_size:.0f} per piece, "
+            f"below the rule of {MIN_CHARACTERS_PER_PIECE} characters per piece (our choice); "
+            f"{why}: use {advice}")
+
+
 def _run_trainer(where: str, **kwargs) -> None:
     try:
         spm.SentencePieceTrainer.train(**kwargs)
@@ -167,6 +209,7 @@ def train_spm(
     seed: int = 0,
     keep_training_text: bool = False,
     num_threads: int = 1,
+    on_warning: Callable[[str], None] | None = None,
 ) -> SpmTrainingResult:
     """Samples the training text with alpha-smoothed rates and trains the SentencePiece model.
 
@@ -174,6 +217,8 @@ def train_spm(
     `{model_prefix}.train.txt` (one sampled sentence per line, languages in sorted order).
     SentencePiece's result depends on `num_threads`; the default 1 keeps it reproducible
     across machines (more threads are faster on big corpora, but give a different model).
+    A corpus too small for `vocab_size` (`corpus_warning`) is reported before training, to
+    `on_warning` (default: this module's logger at WARNING), and in the result's `warning`.
     """
     if not isinstance(vocab_size, int) or vocab_size < 8:
         raise ValueError(f"--vocab_size must be an int >= 8, got {vocab_size!r}")
@@ -185,6 +230,10 @@ def train_spm(
         raise ValueError(f"{files[empty[0]]}: language {empty[0]!r} has no sentences")
     rates = sampling.smoothed_rates(sizes, alpha)
     counts = sample_counts(sizes, alpha, sentences)
+    distinct = {line for lines in corpus.values() for line in lines}
+    warning = corpus_warning(sum(map(len, distinct)), len(distinct), vocab_size, sentences)
+    if warning:
+        (on_warning or logger.warning)(warning)
 
     out_dir = os.path.dirname(os.path.abspath(model_prefix))
     os.makedirs(out_dir, exist_ok=True)
@@ -224,6 +273,7 @@ def train_spm(
         rates=rates,
         sampled_counts=counts,
         training_text=text_path if keep_training_text else None,
+        warning=warning,
     )
 
 
@@ -246,17 +296,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep_training_text", action="store_true",
                         help="keep PREFIX.train.txt (the sampled training text)")
     args = parser.parse_args(argv)
+    def warn(line: str) -> None:
+        print(f"WARNING: {line}", file=sys.stderr, flush=True)
+
     try:
         result = train_spm(
             args.input_dir, args.model_prefix, args.vocab_size, args.alpha, args.sentences,
-            args.seed, args.keep_training_text, args.num_threads,
+            args.seed, args.keep_training_text, args.num_threads, on_warning=warn,
         )
     except ValueError as e:
         print(f"train_spm: error: {e}", file=sys.stderr)
         return 2
+    print("\t".join(TABLE_COLUMNS))
     for lang in sorted(result.sampled_counts):
-        print(f"{lang}\t{result.sentence_counts[lang]}\t{result.rates[lang]:.5f}\t"
-              f"{result.sampled_counts[lang]}")
+        available, drawn = result.sentence_counts[lang], result.sampled_counts[lang]
+        print(f"{lang}\t{available}\t{result.rates[lang]:.5f}\t{drawn}\t"
+              f"{drawn / available:.2f}")
     print(f"wrote {result.model_path} and {result.vocab_path}")
     return 0
 
