@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import subprocess
@@ -215,3 +216,69 @@ def test_a_resumed_writer_drops_the_steps_after_its_checkpoint_once_each(tmp_pat
     assert "not json" in lines
     assert _read_tb(tmp_path / "train")["loss"] == [(1, 11.0), (2, 12.0), (3, 13.0),
                                                      (4, 24.0), (5, 25.0), (6, 26.0)]
+
+
+def _log_life(model_dir, first, last, resume_step=None, base=0.0, evals=()):
+    """One process's writer: train `loss`/`lr` at steps first..last (values base + step) and
+    eval `acc` at the steps of `evals`, as a run killed after step `last` logs them."""
+    with writers.MetricsWriter(str(model_dir), out=None, resume_step=resume_step) as w:
+        for step in range(first, last + 1):
+            w.write_scalars(step, {"loss": base + step, "lr": base + step / 10})
+            if step in evals:
+                w.write_scalars(step, {"acc": base + step / 100}, prefix="eval")
+
+
+def _jsonl_view(model_dir):
+    rows = [json.loads(x) for x in (model_dir / "metrics.jsonl").read_text().splitlines()]
+    view = {}
+    for r in rows:
+        for k, v in r.items():
+            if k not in ("step", "split"):
+                view.setdefault(f"{r['split']}/{k}", []).append((r["step"], v))
+    return view
+
+
+@pytest.mark.parametrize("counter_start", [0, 9])
+def test_kill_and_resume_keeps_each_step_once_with_the_resumed_values(tmp_path, monkeypatch,
+                                                                        counter_start):
+    """Life 1 logs steps 1-8 (eval at 4 and 8) and is killed; its last checkpoint was step 5.
+    Life 2 resumes at 5, logs 6-7 and is killed before its step-8 eval; life 3 resumes at 6
+    (its checkpoint) and runs to 10 (eval at 8, 10). TensorBoard's EventAccumulator (purging
+    orphaned data, its default) and metrics.jsonl hold every tag's steps once, with the values
+    of the life that logged them last: eval's step 8 of life 1 is gone although no later life
+    wrote eval before life 3's step 8. All lives in one second and one process, with the file
+    counter crossing 9 -> 10 (`counter_start` 9): the names must still sort by life."""
+    monkeypatch.setattr(writers, "_file_counter", itertools.count(counter_start))
+    _log_life(tmp_path, 1, 8, evals=(4, 8))
+    _log_life(tmp_path, 6, 7, resume_step=5, base=100.0)
+    _log_life(tmp_path, 7, 10, resume_step=6, base=200.0, evals=(8, 10))
+    life = {s: 0.0 for s in range(1, 6)} | {6: 100.0} | {s: 200.0 for s in range(7, 11)}
+    expected = {"train/loss": [(s, life[s] + s) for s in range(1, 11)],
+                "train/lr": [(s, life[s] + s / 10) for s in range(1, 11)],
+                "eval/acc": [(s, life[s] + s / 100) for s in (4, 8, 10)]}
+    tb = {f"{split}/{tag}": points for split in ("train", "eval")
+          for tag, points in _read_tb(tmp_path / split).items()}
+    assert sorted(tb) == sorted(expected)
+    for tag, points in expected.items():
+        assert [s for s, _ in tb[tag]] == [s for s, _ in points], tag
+        np.testing.assert_allclose([v for _, v in tb[tag]], [v for _, v in points], rtol=1e-6)
+    assert _jsonl_view(tmp_path) == expected
+    names = sorted(p.name for p in (tmp_path / "train").iterdir())
+    assert len(names) == 3 and len({n.split(".")[3] for n in names}) == 3  # seconds differ
+
+
+def test_a_resume_purges_a_split_the_resumed_run_never_writes(tmp_path):
+    """The killed run evaluated at step 6 after its step-4 checkpoint; the resumed run stops
+    (again) before its next eval: TensorBoard already shows no eval at step 6."""
+    _log_life(tmp_path, 1, 6, evals=(2, 6))
+    _log_life(tmp_path, 5, 5, resume_step=4, base=100.0)
+    assert _read_tb(tmp_path / "eval") == {"acc": [(2, pytest.approx(0.02))]}
+    assert [s for s, _ in _read_tb(tmp_path / "train")["loss"]] == [1, 2, 3, 4, 5]
+    assert _jsonl_view(tmp_path)["eval/acc"] == [(2, 0.02)]
+
+
+def test_a_fresh_writer_writes_no_purge_and_creates_no_split(tmp_path):
+    _log_life(tmp_path, 1, 3, evals=(3,))
+    _log_life(tmp_path, 4, 5)  # no resume_step: appends, eval/ untouched
+    assert len(list((tmp_path / "eval").iterdir())) == 1
+    assert [s for s, _ in _read_tb(tmp_path / "train")["loss"]] == [1, 2, 3, 4, 5]

@@ -23,6 +23,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import sys
@@ -41,6 +42,21 @@ _file_counter = itertools.count()
 # How often a log on an object store (gs://) is rewritten at most: each rewrite uploads the
 # whole file, and GCS takes about one write per second to an object.
 REMOTE_FLUSH_SECONDS = 30.0
+# An event file's name, `events.out.tfevents.{seconds}.{host}.{pid}.{n}`; TensorBoard reads the
+# files of a directory in the order of their names.
+_EVENT_NAME = re.compile(r"^events\.out\.tfevents\.(\d+)\.")
+
+
+def _name_seconds(logdir: epath.Path) -> int:
+    """The seconds field for a new event file in `logdir`: now, or one more than the newest
+    file's when that is not earlier. Why: a resumed run's file must sort after the killed
+    run's, or its SessionLog.START is read first and purges nothing (and the old steps, read
+    after the new ones, look like a restart that purges the new ones); in the same second the
+    names would order by host and pid compared as strings ("1000" < "999")."""
+    now = int(time.time())
+    newest = [int(m.group(1)) for p in (logdir.iterdir() if logdir.exists() else ())
+              if (m := _EVENT_NAME.match(p.name))]
+    return max([now, *(t + 1 for t in newest)])
 
 
 def _to_float(key: str, value: Any) -> float:
@@ -106,7 +122,7 @@ class _EventFile:
 
     def __init__(self, logdir: epath.Path, purge_step: int | None = None) -> None:
         logdir.mkdir(parents=True, exist_ok=True)
-        name = (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
+        name = (f"events.out.tfevents.{_name_seconds(logdir)}.{socket.gethostname()}."
                 f"{os.getpid()}.{next(_file_counter)}")
         self.path = logdir / name
         self._writer = RecordWriter(_GrowingFile(self.path))
@@ -131,6 +147,13 @@ class _EventFile:
     def close(self) -> None:
         if not self._writer.closed:
             self._writer.close()
+
+
+def _event_splits(root: epath.Path) -> list[str]:
+    """The split directories under `root` (`train`, `eval`, ...) that hold event files."""
+    return sorted(p.name for p in root.iterdir()
+                  if p.is_dir() and not p.name.startswith(".")
+                  and any(_EVENT_NAME.match(f.name) for f in p.iterdir()))
 
 
 def _drop_rows_after(path: epath.Path, step: int) -> None:
@@ -166,7 +189,11 @@ class MetricsWriter:
                  resume_step: int | None = None):
         """`resume_step`: the step a run starts (or resumes) at. The rows and events of later
         steps, logged by an earlier process that was stopped before its next checkpoint, are
-        dropped (they are trained again), so every step is in the log once."""
+        dropped (they are trained again), so every step is in the log once: metrics.jsonl is
+        rewritten without them, and every split directory that holds event files gets a new
+        file starting with a SessionLog START at `resume_step + 1` (TensorBoard's own purge
+        of orphaned data), at once, so that a split this run writes late or never (an
+        evaluator's) loses its orphans too."""
         self.model_dir = str(model_dir)
         self.is_primary = bool(is_primary)
         self.out = out
@@ -181,6 +208,9 @@ class MetricsWriter:
                 if resume_step is not None:
                     _drop_rows_after(self._root / md.METRICS_FILE, int(resume_step))
                 self._jsonl = _GrowingFile(self._root / md.METRICS_FILE)  # a restart appends
+                if resume_step is not None:
+                    for prefix in _event_splits(self._root):
+                        self._events[prefix] = _EventFile(self._root / prefix, self._purge_step)
             except OSError as e:
                 raise OSError(f"metrics: cannot write to model_dir {self.model_dir!r}: "
                               f"{e.strerror or e}") from None
