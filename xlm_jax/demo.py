@@ -3,9 +3,12 @@
 One paper's recipe continued from the objective league's base, beside the control (MMLM
 continued) at the same training FLOPs, on the embedded Django/Wagtail demo corpus:
 
-1. the base: the league's MMLM base (gin_configs/league/base.gin, 4 x 128, 3000 steps; about
-   25 minutes on 2 CPU cores), built on first use and cached in --base_dir (default
-   $XDG_CACHE_HOME/xlm_jax/league_base/HASH, HASH naming its settings), reused afterwards;
+1. the base: the league's MMLM base (gin_configs/league/base.gin, 4 x 128, 3000 steps): the
+   one the package ships (tasks/demo_data/league_base, written by `python -m xlm_jax.league
+   --ship_base`) when the league's base settings are the shipped one's; otherwise (other
+   settings, --base_dir or --train_base) trained on first use (about 20-25 minutes on 2 CPU
+   cores) and cached in --base_dir (default $XDG_CACHE_HOME/xlm_jax/league_base/HASH, HASH
+   naming its settings), reused afterwards;
 2. the paper's recipe (--gin_file, default demo/infoxlm.gin: MMLM + TLM + XLCo; also
    demo/xlme.gin, demo/ernie_m.gin, demo/veco.gin) continued from it for --budget_tflop
    training TFLOPs (the trainer's FLOP count), into --model_dir/model;
@@ -27,6 +30,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_GIN = "demo/infoxlm.gin"
@@ -49,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
                         "$XDG_CACHE_HOME/xlm_jax/league_base/HASH of its settings)")
     p.add_argument("--base_steps", type=int, default=league.DEFAULT_BASE_STEPS,
                    help="training steps of the base (as python -m xlm_jax.league)")
+    p.add_argument("--train_base", action="store_true",
+                   help="train the base (once, into --base_dir) even where the package ships "
+                        f"one of the same settings ({league.SHIPPED_BASE})")
     p.add_argument("--budget_tflop", type=float, default=league.DEFAULT_BUDGET_TFLOP,
                    help="training TFLOPs of each continuation (as python -m xlm_jax.league)")
     p.add_argument("--league_gin", action="append", default=[],
@@ -73,6 +80,23 @@ def default_base_dir(settings_json: dict) -> str:
     digest = hashlib.sha256(json.dumps(settings_json, sort_keys=True).encode()).hexdigest()
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(cache, "xlm_jax", "league_base", digest[:16])
+
+
+def resolve_base(args: argparse.Namespace, config: Any, base_settings: Any) -> str:
+    """The base's model directory: the one the package ships (`league.shipped_base`) when its
+    settings are the ones asked for and neither --base_dir nor --train_base is given; else
+    trained once into --base_dir (default: the cache) and reused."""
+    from xlm_jax import league
+
+    shipped = (None if args.base_dir or args.train_base
+               else league.shipped_base(base_settings))
+    if shipped:
+        print(f"base: the shipped league base {shipped} (its settings: "
+              f"{os.path.join(shipped, league.SHIPPED_RECORD)}; --train_base trains it anew)",
+              flush=True)
+        return shipped
+    base_dir = args.base_dir or default_base_dir(base_settings.to_json())
+    return league.ensure_base(base_dir, config, base_settings)
 
 
 def user_steps(bindings: list[str]) -> int | None:
@@ -115,9 +139,8 @@ def _run(args: argparse.Namespace) -> int:
 
     model_dir = md.resolve(args.model_dir)
     base_settings, _ = league.base_settings(config, args.base_steps)
-    base_dir = args.base_dir or default_base_dir(base_settings.to_json())
     t0 = time.time()
-    base_model = league.ensure_base(base_dir, config, base_settings)
+    base_model = resolve_base(args, config, base_settings)
     runs = {"paper": (gin_files, paper_bindings, steps, cost, os.fspath(model_dir / "model")),
             "control": (config.recipe_gin(plan.CONTROL), list(config.bindings_for(plan.CONTROL)),
                         control_steps, control_cost, os.fspath(model_dir / "control"))}

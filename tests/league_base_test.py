@@ -1,0 +1,58 @@
+"""The league base the package ships (tasks/demo_data/league_base, `python -m xlm_jax.league
+--ship_base`): it is the base today's league/base.gin describes (its settings record equals
+the one the league computes now, so a change of the base's configuration fails here until the
+base is trained and shipped again), its parameters are the ones its held-out figures were
+measured on, and the demo continues from it instead of training a base."""
+import argparse
+import os
+
+import pytest
+
+from xlm_jax import demo, league
+from xlm_jax import league_plan as plan
+from xlm_jax import league_score
+from xlm_jax.train import gin_utils
+
+SHIPPED = gin_utils.shipped_path(league.SHIPPED_BASE)
+
+
+def _settings(steps=league.DEFAULT_BASE_STEPS):
+    return league.base_settings(plan.LeagueConfig(), steps)[0]
+
+
+def test_the_shipped_base_is_the_base_of_todays_league_configuration():
+    assert SHIPPED is not None, f"{league.SHIPPED_BASE} is missing"
+    record = league_score.read_json(os.path.join(SHIPPED, league.SHIPPED_RECORD))
+    assert record == _settings().to_json(), (
+        "league/base.gin (or the league's base settings) changed since the base was shipped: "
+        "train and ship it again with `python -m xlm_jax.league --ship_base "
+        f"{league.SHIPPED_BASE}` (docs/league.md)")
+    assert league.shipped_base(_settings()) == SHIPPED
+    assert league.shipped_base(_settings(steps=10)) is None  # another base: not this one
+
+
+def test_its_parameters_are_the_ones_its_figures_were_measured_on():
+    """The held-out masked-LM check (deterministic: fixed positions, no dropout) on the
+    shipped parameters reproduces the loss and accuracy recorded beside them."""
+    scores = league_score.read_json(os.path.join(SHIPPED, league.SHIPPED_SCORES))
+    config = plan.LeagueConfig()
+    mlm = league_score.masked_lm_heldout(SHIPPED, league.tatoeba_dir(config),
+                                         league._seq_len(SHIPPED), config.languages)
+    assert mlm.targets == scores["mlm"]["targets"]
+    assert mlm.loss == pytest.approx(scores["mlm"]["loss"], abs=1e-4)
+    assert mlm.accuracy == pytest.approx(scores["mlm"]["accuracy"], abs=1e-6)
+    assert scores["retrieval_acc1"] > 0 and scores["steps"] == league.DEFAULT_BASE_STEPS
+
+
+def test_the_demo_continues_from_the_shipped_base_unless_told_otherwise(monkeypatch):
+    """Default flags: the shipped base, nothing trained. --train_base or --base_dir: the
+    league's own base step (`league.ensure_base`, here recorded instead of run)."""
+    trained = []
+    monkeypatch.setattr(league, "ensure_base", lambda d, c, s: trained.append(d) or d)
+    config = plan.LeagueConfig()
+    flags = lambda **kw: argparse.Namespace(**{"base_dir": None, "train_base": False, **kw})  # noqa: E731
+    assert demo.resolve_base(flags(), config, _settings()) == SHIPPED and not trained
+    assert demo.resolve_base(flags(train_base=True), config, _settings()) == trained[-1]
+    assert demo.resolve_base(flags(base_dir="/tmp/mine"), config, _settings()) == "/tmp/mine"
+    assert demo.resolve_base(flags(), config, _settings(steps=10)) == trained[-1]
+    assert len(trained) == 3
