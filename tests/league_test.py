@@ -172,6 +172,35 @@ def test_league_json_means_and_stds_are_numpys(tmp_path):
     assert json.loads((tmp_path / "league.json").read_text()) == json.loads(json.dumps(out))
 
 
+def _bindings(recipe):
+    """{(scope, configurable, parameter): repr(value)} of a league recipe as gin parses it."""
+    from gin import config as gin_config
+
+    from xlm_jax.train import gin_utils
+
+    gin.clear_config()
+    try:
+        gin_utils.parse([f"league/{recipe}.gin"], ["TRAIN_STEPS = 1"], check_required=False)
+        return {(scope, sel, k): repr(v) for (scope, sel), params in gin_config._CONFIG.items()
+                for k, v in params.items()}
+    finally:
+        gin.clear_config()
+
+
+def test_the_infoxlm_recipe_is_the_xlm_recipe_plus_xlco():
+    """The claim "XLCo adds to MMLM + TLM" compares infoxlm with xlm: every binding of xlm is
+    infoxlm's too, with the same value, and what infoxlm adds is XLCo's (its objective, its
+    macros, its layer), so the difference of the two is XLCo alone."""
+    xlm, infoxlm = _bindings("xlm"), _bindings("infoxlm")
+    objectives = ("", "xlm_jax.train.loop.train", "objectives")
+    for key, value in xlm.items():
+        if key != objectives:
+            assert infoxlm.get(key) == value, key
+    assert infoxlm[objectives].startswith(xlm[objectives][:-1] + ", 'xlco': ")
+    extra = [k for k in infoxlm if k not in xlm]
+    assert extra and all("xlco" in k[0].lower() or "XLCO" in k[0] for k in extra), extra
+
+
 def _welch(a, b):
     """Welch's t and two-sided p by the textbook formula (the t distribution's tail from
     the regularised incomplete beta function), independent of scipy.stats."""

@@ -54,6 +54,8 @@ STATEMENTS = [
     ("## InfoXLM", "Ablations (Table 7)", ("§4.3", "Table 7")),
     ("## InfoXLM", "-TLM rows' XLCo layer", ("Table 7", "Table 6", "§4.3")),
     ("## InfoXLM", "-Universal; -TLM at layer 8", ("Table 7", "Table 6")),
+    ("## InfoXLM", "Pre-LN state", ("our choice", "XLCo on pre-LN models")),
+    ("## InfoXLM", "League infoxlm vs xlm", ("our choice",)),
     ("## XLM-E", "Sampling alpha", ("§4.1",)),
     ("## XLM-E", "Vocabulary (Large)", ("Appendix A", "our choice")),
     ("## XLM-E", "Dropout", ("our choice",)),
