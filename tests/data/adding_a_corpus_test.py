@@ -1,7 +1,9 @@
-"""docs/adding_a_corpus.md's walk-through, executed as written from a directory outside the
-repository: train_spm -> my_tasks.py -> inspect -> train -> retrieval -> prepare (Beam) ->
-train on the prepared data, on tiny data (400 lines per file, 150 pieces, 2 steps: the only
-changes to the doc's commands, each checked to apply)."""
+"""docs/quickstart.md's walk-through ("Your own corpus, start to finish"), executed as written
+from a directory outside the repository: train_spm -> my_tasks.py -> inspect -> train (with
+the untrained model kept as step 0) -> retrieval of step 0 and of the trained model -> prepare
+(Beam) -> train on the prepared data -> export-hf, loaded with transformers; on tiny data (400
+lines per file, 150 pieces, 2 steps: the only changes to the doc's commands, each checked to
+apply)."""
 import json
 import os
 import re
@@ -12,7 +14,8 @@ import pytest
 from tests.testlib import user_corpus
 
 pytest.importorskip("seqio")
-DOC = os.path.join(user_corpus.ROOT, "docs", "adding_a_corpus.md")
+DOC = os.path.join(user_corpus.ROOT, "docs", "quickstart.md")
+SECTION = "## Your own corpus, start to finish"
 # (command, doc text, what the test runs instead): tiny sizes only.
 TINY = [("xlm_jax.data.train_spm", "--vocab_size 8000", "--vocab_size 150 --sentences 2000"),
         ("xlm_jax.train", "--gin_file=demo/mmlm_tlm.gin",
@@ -21,7 +24,7 @@ TINY = [("xlm_jax.data.train_spm", "--vocab_size 8000", "--vocab_size 150 --sent
 
 def _walkthrough():
     """(shell commands, my_tasks.py) of the doc's walk-through section."""
-    text = open(DOC, encoding="utf-8").read().split("## Walk-through", 1)[1].split("\n## ")[0]
+    text = open(DOC, encoding="utf-8").read().split(SECTION, 1)[1].split("\n## ")[0]
     bash = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
     module = re.search(r"```python\n(.*?)```", text, re.S).group(1)
     joined = bash.replace("\\\n", " ")
@@ -49,7 +52,7 @@ def test_the_walkthrough_runs_from_outside_the_repository(tmp_path):
     assert [shlex.split(c)[2] for c in commands] == [
         "xlm_jax.data.train_spm", "xlm_jax.data.inspect", "xlm_jax.train",
         "xlm_jax.evaluation.retrieval", "xlm_jax.evaluation.retrieval", "xlm_jax.data.prepare",
-        "xlm_jax.train"]
+        "xlm_jax.train", "xlm_jax.convert"]
     outputs = {}
     for command in commands:
         for name, doc_text, tiny in TINY:
@@ -82,6 +85,29 @@ def test_the_walkthrough_runs_from_outside_the_repository(tmp_path):
     result = json.load(open(os.path.join(run, "retrieval.json")))
     assert list(result["per_language"]) == ["de"]
     baseline = json.load(open(os.path.join(run, "retrieval_step0.json")))  # save_initial
-    assert baseline["step"] == 0 and result["step"] is None
-    assert baseline["per_layer"] != result["per_layer"]  # the untrained and the trained model
+    assert baseline["step"] == 0 and result["step"] == 2  # the latest checkpoint
+    import jax
+
+    from xlm_jax.encoder import load_encoder
+
+    untrained, trained = (jax.tree_util.tree_leaves(load_encoder(run, step=k).params)
+                          for k in (0, 2))
+    assert any(float(abs(a - b).max()) > 0 for a, b in zip(untrained, trained))  # step 0 kept
     assert all("acc@1 (%) per layer" in out for out in outputs["xlm_jax.evaluation.retrieval"])
+    # the export: transformers loads it offline and its hidden states are load_encoder's
+    import numpy as np
+    import torch
+    from transformers import AutoModel
+
+    enc = load_encoder(run)
+    ids, mask = enc.tokenizer.encode_batch(["Hallo Welt", "hello world, again"], 8)
+    want = enc.hidden_states(ids, mask)
+    hf = AutoModel.from_pretrained(os.path.join(root, "run_hf"), trust_remote_code=True,
+                                   local_files_only=True)
+    with torch.no_grad():
+        got = hf(input_ids=torch.tensor(np.asarray(ids)), attention_mask=torch.tensor(
+            np.asarray(mask)), output_hidden_states=True).hidden_states
+    assert len(got) == len(want)
+    m = np.asarray(mask, bool)
+    for layer, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g.numpy()[m], np.asarray(w)[m], atol=1e-4, err_msg=layer)
