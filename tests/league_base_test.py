@@ -6,6 +6,7 @@ measured on, and the demo continues from it instead of training a base."""
 import argparse
 import os
 
+import gin
 import pytest
 
 from xlm_jax import demo, league
@@ -31,9 +32,37 @@ def test_the_shipped_base_is_the_base_of_todays_league_configuration():
     assert league.shipped_base(_settings(steps=10)) is None  # another base: not this one
 
 
+def test_the_shipped_parameters_are_the_league_base_model():
+    """The shipped directory loads as the model league/base.gin builds (the same config, every
+    parameter of its encoder and masked-LM head), with the demo corpus's tokenizer."""
+    import jax
+
+    from xlm_jax.encoder import load_encoder
+    from xlm_jax.models.transformer import Transformer
+    from xlm_jax import pod_memory
+
+    gin.clear_config()
+    try:
+        gin_utils.parse(["league/base.gin"], ["TRAIN_STEPS = 1"], check_required=False)
+        want = pod_memory.train_bindings()["model"]  # loop.train's model as gin builds it
+    finally:
+        gin.clear_config()
+    enc = load_encoder(SHIPPED)
+    assert enc.config == want
+    import flax.linen as nn
+
+    shapes = nn.meta.unbox(jax.eval_shape(lambda: Transformer(want, with_mlm_head=True).init(
+        jax.random.PRNGKey(0), jax.numpy.ones((1, 8), jax.numpy.int32)))["params"])
+    assert jax.tree_util.tree_map(lambda x: x.shape, shapes) == jax.tree_util.tree_map(
+        lambda x: x.shape, enc.params)
+    assert enc.config.vocab_size == enc.tokenizer.vocab_size == 8002  # the demo tokenizer
+
+
+@pytest.mark.slow
 def test_its_parameters_are_the_ones_its_figures_were_measured_on():
     """The held-out masked-LM check (deterministic: fixed positions, no dropout) on the
-    shipped parameters reproduces the loss and accuracy recorded beside them."""
+    shipped parameters reproduces the loss and accuracy recorded beside them (about a minute
+    on 2 CPU cores: `make test-slow`)."""
     scores = league_score.read_json(os.path.join(SHIPPED, league.SHIPPED_SCORES))
     config = plan.LeagueConfig()
     mlm = league_score.masked_lm_heldout(SHIPPED, league.tatoeba_dir(config),
