@@ -82,8 +82,11 @@ def test_files_exist_and_size(stats):
     readme = (DATA / "README.md").read_text(encoding="utf-8")
     assert "django==5.2.19" in readme and "wagtail==8.0.1" in readme
     assert "python -m xlm_jax_tasks.build_demo_corpus" in readme
-    total = sum(p.stat().st_size for p in DATA.rglob("*") if p.is_file())
+    base = DATA / "league_base"  # the league's base model, shipped beside the corpus
+    total = sum(p.stat().st_size for p in DATA.rglob("*") if p.is_file() and base not in p.parents)
     assert total <= 10 * 1024 * 1024, total
+    shipped = sum(p.stat().st_size for p in base.rglob("*") if p.is_file())
+    assert 0 < shipped <= 8 * 1024 * 1024, shipped  # parameters only: a few MB
     expected = {f"{lang}.txt.xz" for lang in stats["mono"]}
     assert {p.name for p in (DATA / "mono").glob("*.xz")} == expected
     expected = {f"en-{xx}.{side}.xz" for xx in stats["parallel"] for side in ("en", xx)}
