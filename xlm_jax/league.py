@@ -327,6 +327,12 @@ def ship_base(base_dir: str, out_dir: str) -> str:
     if os.path.exists(out_dir):
         shutil.rmtree(out_dir)
     hf_lib.save_xlm_jax(out_dir, cfg, params, spm_from=model_dir)
+    # orbax's commit marker names the absolute directory it was written to: only its presence
+    # counts, so the shipped copy names its place in the package instead
+    marker = os.path.join(out_dir, "params", "commit_success.txt")
+    if os.path.exists(marker):
+        with open(marker, "w", encoding="utf-8") as f:
+            f.write(f"Checkpoint commit was successful to {SHIPPED_BASE}/params\n")
     for name in (md.LANGUAGES_FILE, "operative_config.gin"):  # the languages; how it trained
         if os.path.exists(os.path.join(model_dir, name)):
             shutil.copy(os.path.join(model_dir, name), out_dir)
