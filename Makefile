@@ -48,7 +48,7 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -q $(XDIST) --durations=15
 
 # The CUDA plugin alone (jax-cuda12-plugin + jax-cuda12-pjrt at the cuda12 pins: 180 MB, no
-# CUDA libraries, no libcuda) gives compile-only GPUs to `python -m xlm_jax.compile --target
+# CUDA libraries, no libcuda) gives compile-only GPUs to `python -m xlm_jax.accelerator.compile --target
 # h100:1x1x8`. It lives beside .venv, not in it (a plugin in .venv makes every jax process look
 # for a GPU), and goes on PYTHONPATH where wanted: PYTHONPATH=$(CUDA_COMPILE).
 CUDA_COMPILE := $(VENV)/cuda_compile
@@ -65,7 +65,7 @@ test-slow: $(VENV)/.installed $(CUDA_COMPILE)/.installed
 # Every run file compiled for the target its header names, at its own batch and length
 # (docs/performance.md, "Compiled for the targets", has the table and the wall time).
 compile-runs: $(VENV)/.installed
-	$(PY) -m xlm_jax.compile.run_table --jobs 2 --out compile_runs.md
+	$(PY) -m xlm_jax.accelerator.compile.run_table --jobs 2 --out compile_runs.md
 
 # Regenerates constraints/{cpu,tpu,cuda12}.txt and constraints/metadata.json with pip's
 # dry-run resolver (no install, no large download): PINS_ARGS=--upgrade moves every pin to the

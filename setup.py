@@ -116,7 +116,7 @@ TASKS_PACKAGE = "xlm_jax_tasks"  # the repository's tasks/ folder, installed und
 
 setup(
     name="xlm_jax",
-    version="0.1.0",
+    version="0.2.0",
     description="Cross-lingual Transformer encoder pre-training (XLM-R, XLM-E, InfoXLM, ERNIE-M, VECO) in JAX/Flax",
     packages=(find_packages(include=["xlm_jax", "xlm_jax.*"]) + [TASKS_PACKAGE]
               + sorted(GIN_PACKAGES)),
@@ -124,8 +124,9 @@ setup(
     package_data={
         TASKS_PACKAGE: ["demo_data/" + f for f in _data_files_under("tasks/demo_data")],
         **{pkg: ["*.gin"] for pkg in GIN_PACKAGES},
-        # the GPU cards' descriptions `python -m xlm_jax.compile --target h100:...` compiles for
-        "xlm_jax.compile": ["gpu_specs/*.txtpb"],
+        # the GPU cards' descriptions that `python -m xlm_jax.accelerator.compile --target
+        # h100:...` compiles for
+        "xlm_jax.accelerator.compile": ["gpu_specs/*.txtpb"],
     },
     python_requires=PYTHON_REQUIRES,
     install_requires=CORE,

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from tests.testlib.cli_run import ROOT, env
+from xlm_jax.cli_help import MOVED
 
 # (module, case, arguments, exit status, the line; a line ending in "..." is a prefix).
 # None as arguments: not run (the command does real work without arguments).
@@ -75,10 +76,11 @@ TABLE = [
     ("xlm_jax.embed", "bad value", ["--model", "/nonexistent/model", "--input",
                                      "/nonexistent/in.txt", "--out", "/nonexistent/out.npy"], 2,
      "error: [Errno 2] No such file or directory: '/nonexistent/in.txt'"),
-    ("xlm_jax.bench", "no args", [], 2, "python -m xlm_jax.bench: error: --gin_file is required "
-     "(or --table, or --pipeline TASK) (--help lists every flag)"),
-    ("xlm_jax.bench", "bad value", ["--gin_file=demo/mmlm_tlm.gin", "--steps=0"], 2,
-     "python -m xlm_jax.bench: error: --steps 0: must be >= 1 (--help lists every flag)"),
+    ("xlm_jax.accelerator.bench", "no args", [], 2, "python -m xlm_jax.accelerator.bench: "
+     "error: --gin_file is required (or --table, or --pipeline TASK) (--help lists every flag)"),
+    ("xlm_jax.accelerator.bench", "bad value", ["--gin_file=demo/mmlm_tlm.gin", "--steps=0"], 2,
+     "python -m xlm_jax.accelerator.bench: error: --steps 0: must be >= 1 (--help lists every "
+     "flag)"),
     ("xlm_jax.demo", "no args", None, 0, "(trains and scores the demo: what make demo runs)"),
     ("xlm_jax.demo", "bad value", ["--gin_file=nope.gin", "--model_dir=/nonexistent/demo"], 1,
      "error: FileNotFoundError: gin file 'nope.gin' not found; looked in: ..."),
@@ -87,25 +89,35 @@ TABLE = [
     ("xlm_jax.league", "bad value", ["--recipes=nosuch", "--out=/nonexistent/league"], 1,
      "error: ValueError: --recipes=nosuch: unknown recipe 'nosuch' (recipes: mmlm, xlm, "
      "infoxlm, xlme, xlme_no_trtd, ernie_m, veco)"),
-    ("xlm_jax.pod_memory", "no args", [], 2, "python -m xlm_jax.pod_memory: error: the following "
-     "arguments are required: --gin_file (--help lists every flag)"),
-    ("xlm_jax.pod_memory", "bad value", ["--gin_file=demo/mmlm_tlm.gin", "--mesh=pipe=2",
-                                         "--devices=2"], 2,
+    ("xlm_jax.accelerator.pod_memory", "no args", [], 2, "python -m "
+     "xlm_jax.accelerator.pod_memory: error: the following arguments are required: --gin_file "
+     "(--help lists every flag)"),
+    ("xlm_jax.accelerator.pod_memory", "bad value", ["--gin_file=demo/mmlm_tlm.gin",
+                                                     "--mesh=pipe=2", "--devices=2"], 2,
      "error: --mesh 'pipe=2': expected AXIS=SIZE[,AXIS=SIZE] with axes data, fsdp, tensor"),
-    ("xlm_jax.lower", "no args", [], 2, "error: --gin_file is required (a run file, e.g. "
-     "runs/xlme_base.gin)"),
-    ("xlm_jax.lower", "bad value", ["--gin_file=demo/mmlm_tlm.gin", "--platform=abc"], 2,
+    ("xlm_jax.accelerator.lower", "no args", [], 2, "error: --gin_file is required (a run file, "
+     "e.g. runs/xlme_base.gin)"),
+    ("xlm_jax.accelerator.lower", "bad value", ["--gin_file=demo/mmlm_tlm.gin",
+                                                "--platform=abc"], 2,
      "error: --platform 'abc': expected one of cuda, tpu"),
-    ("xlm_jax.compile", "no args", [], 2, "error: --gin_file is required (a run file, e.g. "
-     "runs/xlme_base.gin)"),
-    ("xlm_jax.compile", "bad value", ["--gin_file=runs/xlme_base.gin", "--target=v9z:2x2"], 2,
+    ("xlm_jax.accelerator.compile", "no args", [], 2, "error: --gin_file is required (a run "
+     "file, e.g. runs/xlme_base.gin)"),
+    ("xlm_jax.accelerator.compile", "bad value", ["--gin_file=runs/xlme_base.gin",
+                                                  "--target=v9z:2x2"], 2,
      "error: --target 'v9z:2x2': unknown chip 'v9z'; known: v4:AxB[xC], ..."),
-    ("xlm_jax.smoke", "no args", None, 0, "(runs the tiny smoke comparison on this host)"),
-    ("xlm_jax.smoke", "bad value", ["--sizes=huge"], 2,
+    ("xlm_jax.accelerator.smoke", "no args", None, 0, "(runs the tiny smoke comparison on this "
+     "host)"),
+    ("xlm_jax.accelerator.smoke", "bad value", ["--sizes=huge"], 2,
      "error: --sizes huge: not one of tiny, small, base, large, xl"),
 ]
 MODULES = list(dict.fromkeys(row[0] for row in TABLE))
 ROWS = TABLE + [(m, "--help", ["--help"], 0, f"usage: python -m {m} ...") for m in MODULES]
+# The moved commands (`cli_help.MOVED`): the new name's --help, and the old name's, which prints
+# the new name's usage after one WARNING that names it.
+MOVED_ROWS = [(new, "--help", ["--help"], 0, f"usage: python -m {new} ...")
+              for new in MOVED.values() if new not in MODULES]
+MOVED_ROWS += [(old, "--help (old name)", ["--help"], 0, f"usage: python -m {new} ...")
+               for old, new in MOVED.items()]
 
 
 def _run(args):
@@ -115,7 +127,7 @@ def _run(args):
 
 
 def _line(case, done):
-    if case == "--help":
+    if case.startswith("--help"):
         return done.stdout.strip().splitlines()[0]
     lines = done.stderr.strip().splitlines()
     return lines[-1] if lines else ""
@@ -126,7 +138,7 @@ def _matches(line, want):
 
 
 def test_every_cli_row():
-    runnable = [row for row in ROWS if row[2] is not None]
+    runnable = [row for row in ROWS + MOVED_ROWS if row[2] is not None]
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         done = list(pool.map(lambda row: _run([row[0], *row[2]]), runnable))
     for (module, case, _, code, want), d in zip(runnable, done):
@@ -134,7 +146,11 @@ def test_every_cli_row():
         assert d.returncode == code, where
         assert _matches(_line(case, d), want), where
         assert "Traceback" not in d.stderr, where
-        if case != "--help":  # the one line is all of stderr: no usage block, no start-up noise
+        if case == "--help (old name)":  # one line on stderr: the WARNING naming the new command
+            moved = (f"WARNING: `python -m {module}` has moved to `python -m {MOVED[module]}`; "
+                     "the old name is removed in the release after 0.2")
+            assert d.stderr.strip().splitlines() == [moved], where
+        elif case != "--help":  # the one line is all of stderr: no usage block, no start-up noise
             assert len(d.stderr.strip().splitlines()) == 1, where
 
 

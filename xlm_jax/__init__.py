@@ -11,7 +11,7 @@ import importlib.util
 import os
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 # Google's PCI vendor id: a TPU chip on this host shows up under it (JAX's own test).
 _GOOGLE_PCI_VENDOR = "0x1ae0"
 

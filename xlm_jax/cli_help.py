@@ -2,17 +2,22 @@
 errors, a quiet TensorFlow import. A module of its own, importing nothing of the library (nor
 anything heavy), so that any CLI, the data and evaluation ones included, can use it without
 importing the trainer. The gin CLIs' `xlm_jax.train.cli` adds gin's macro names to the error
-line (`error_line`'s `rename`)."""
+line (`error_line`'s `rename`). The commands that moved keep their old names for one release
+(`MOVED`)."""
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import importlib.util
+import logging
 import os
 import re
+import runpy
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from typing import Any
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -152,3 +157,56 @@ def tensorflow_quietly() -> Iterator[None]:
                     if not _TF_NOISE.search(line)]
             sys.stderr.write("".join(kept))
             sys.stderr.flush()
+
+
+# ----------------------------------------------------------------------------- moved commands
+
+# The commands the package root's restructuring moved (0.1 -> 0.2, docs/architecture.md), old
+# module -> new. The old name is a thin module (`xlm_jax/bench.py`, ...) that runs the new one
+# with the same arguments, and forwards attribute access to it, with one WARNING that names the
+# new command. Our choice: the old names are removed in the release after 0.2.
+MOVED: dict[str, str] = {
+    "xlm_jax.bench": "xlm_jax.accelerator.bench",
+    "xlm_jax.smoke": "xlm_jax.accelerator.smoke",
+    "xlm_jax.lower": "xlm_jax.accelerator.lower",
+    "xlm_jax.pod_memory": "xlm_jax.accelerator.pod_memory",
+    "xlm_jax.compile": "xlm_jax.accelerator.compile",
+    "xlm_jax.compile.run_table": "xlm_jax.accelerator.compile.run_table",
+}
+_MOVED_LOG = logging.getLogger("xlm_jax.moved")
+_warned: set[str] = set()
+
+
+def warn_moved(old: str) -> None:
+    """The one WARNING (per process and name) that `old` moved, naming its new command. It has
+    its own stderr handler, so it shows before the command configures any logging and does not
+    configure logging for it."""
+    if old in _warned:
+        return
+    _warned.add(old)
+    if not _MOVED_LOG.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+        _MOVED_LOG.addHandler(handler)
+        _MOVED_LOG.propagate = False
+    _MOVED_LOG.warning("`python -m %s` has moved to `python -m %s`; the old name is removed "
+                       "in the release after 0.2", old, MOVED[old])
+
+
+def run_moved(old: str) -> None:
+    """`python -m OLD ...`: the WARNING, then the new command run as `__main__` with the same
+    arguments (its own exit status, its own --help)."""
+    warn_moved(old)
+    runpy.run_module(MOVED[old], run_name="__main__", alter_sys=True)
+
+
+def moved_getattr(old: str) -> Callable[[str], Any]:
+    """The old module's `__getattr__` (PEP 562): `from xlm_jax.bench import main` still works,
+    with the WARNING, and gets the new module's object."""
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        warn_moved(old)
+        return getattr(importlib.import_module(MOVED[old]), name)
+
+    return __getattr__

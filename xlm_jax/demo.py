@@ -37,7 +37,8 @@ DEFAULT_GIN = "demo/infoxlm.gin"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from xlm_jax import cli_help, league
+    from xlm_jax import cli_help
+    from xlm_jax.league import runner
     from xlm_jax.train import cli, gin_utils
 
     p = cli_help.Parser(prog="python -m xlm_jax.demo", description=__doc__)
@@ -51,12 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base_dir", default=None,
                    help="where the league base is built and reused (None: "
                         "$XDG_CACHE_HOME/xlm_jax/league_base/HASH of its settings)")
-    p.add_argument("--base_steps", type=int, default=league.DEFAULT_BASE_STEPS,
+    p.add_argument("--base_steps", type=int, default=runner.DEFAULT_BASE_STEPS,
                    help="training steps of the base (as python -m xlm_jax.league)")
     p.add_argument("--train_base", action="store_true",
                    help="train the base (once, into --base_dir) even where the package ships "
-                        f"one of the same settings ({league.SHIPPED_BASE})")
-    p.add_argument("--budget_tflop", type=float, default=league.DEFAULT_BUDGET_TFLOP,
+                        f"one of the same settings ({runner.SHIPPED_BASE})")
+    p.add_argument("--budget_tflop", type=float, default=runner.DEFAULT_BUDGET_TFLOP,
                    help="training TFLOPs of each continuation (as python -m xlm_jax.league)")
     p.add_argument("--league_gin", action="append", default=[],
                    help="league settings (LeagueConfig) for the base and both runs, e.g. a "
@@ -83,20 +84,20 @@ def default_base_dir(settings_json: dict) -> str:
 
 
 def resolve_base(args: argparse.Namespace, config: Any, base_settings: Any) -> str:
-    """The base's model directory: the one the package ships (`league.shipped_base`) when its
+    """The base's model directory: the one the package ships (`runner.shipped_base`) when its
     settings are the ones asked for and neither --base_dir nor --train_base is given; else
     trained once into --base_dir (default: the cache) and reused."""
-    from xlm_jax import league
+    from xlm_jax.league import runner
 
     shipped = (None if args.base_dir or args.train_base
-               else league.shipped_base(base_settings))
+               else runner.shipped_base(base_settings))
     if shipped:
         print(f"base: the shipped league base {shipped} (its settings: "
-              f"{os.path.join(shipped, league.SHIPPED_RECORD)}; --train_base trains it anew)",
+              f"{os.path.join(shipped, runner.SHIPPED_RECORD)}; --train_base trains it anew)",
               flush=True)
         return shipped
     base_dir = args.base_dir or default_base_dir(base_settings.to_json())
-    return league.ensure_base(base_dir, config, base_settings)
+    return runner.ensure_base(base_dir, config, base_settings)
 
 
 def user_steps(bindings: list[str]) -> int | None:
@@ -111,8 +112,8 @@ def user_steps(bindings: list[str]) -> int | None:
 
 def _run(args: argparse.Namespace) -> int:
     """Base (cached), paper run, control run, three retrieval scores, table and PNG."""
-    from xlm_jax import league
-    from xlm_jax import league_plan as plan
+    from xlm_jax.league import runner
+    from xlm_jax.league import plan
     from xlm_jax import model_dir as md
     from xlm_jax.encoder import load_encoder
     from xlm_jax.evaluation import report, retrieval
@@ -138,7 +139,7 @@ def _run(args: argparse.Namespace) -> int:
     control_steps = max(control_cost.steps_for(budget), control_cost.cycle)
 
     model_dir = md.resolve(args.model_dir)
-    base_settings, _ = league.base_settings(config, args.base_steps)
+    base_settings, _ = runner.base_settings(config, args.base_steps)
     t0 = time.time()
     base_model = resolve_base(args, config, base_settings)
     runs = {"paper": (gin_files, paper_bindings, steps, cost, os.fspath(model_dir / "model")),
@@ -147,7 +148,7 @@ def _run(args: argparse.Namespace) -> int:
     for name, (files, bindings, n, c, train_dir) in runs.items():
         print(f"{name}: {' '.join(files)}, {n} steps ({c.train_flops(n) / 1e12:.3g} TFLOP) "
               f"from the base {base_model}", flush=True)
-        seconds = league.train(train_dir, files, [*bindings, f"TRAIN_STEPS = {n}",
+        seconds = runner.train(train_dir, files, [*bindings, f"TRAIN_STEPS = {n}",
                                                   f"loop.train.init_from = {base_model!r}"],
                                os.path.join(train_dir + "_train.log"), f"{name} training")
         print(f"{name}: trained in {seconds / 60:.1f} min (log: {train_dir}_train.log)",

@@ -136,9 +136,9 @@ def test_pipeline_bench_cli(registering_module, monkeypatch, capsys):
     assert "pipeline insp_mix: batch 4 x 32, 4 batches" in out and "tokens/s (non-pad)" in out
     assert res.examples_per_s > 0 and res.tokens_per_s > 0 and 0 <= res.pad_fraction < 1
     assert res.tokens_per_s == pytest.approx(res.examples_per_s * 32 * (1 - res.pad_fraction))
-    # the same through `python -m xlm_jax.bench --pipeline`, whose own --batch_size must reach
-    # the pipeline (it once stayed with the training benchmark's parser: batch 32 was timed)
-    from xlm_jax import bench
+    # the same through `python -m xlm_jax.accelerator.bench --pipeline`, whose own --batch_size must
+    # reach the pipeline (it once stayed with the training benchmark's parser: batch 32 was timed)
+    from xlm_jax.accelerator import bench
 
     assert bench.main(["--pipeline", "insp_mix", "--module", "insp_reg", "--batches", "4",
                        "--warmup", "1", "--batch_size", "4", "--sequence_length", "32"]) == 0

@@ -1,5 +1,5 @@
-"""`python -m xlm_jax.bench --pipeline` on raw and prepared data, as one process of two: the
-bytes it reads (the OS's count), its throughput, and resumes, as JSON."""
+"""`python -m xlm_jax.accelerator.bench --pipeline` on raw and prepared data, as one process of two:
+the bytes it reads (the OS's count), its throughput, and resumes, as JSON."""
 from __future__ import annotations
 
 import json

@@ -14,7 +14,7 @@ import pytest
 
 from testlib import cli_run
 from testlib.tiny_run import TINY_MODEL
-from xlm_jax.finetune import features as feats
+from xlm_jax.finetune import rows as rows_lib
 from xlm_jax.finetune import run
 from xlm_jax.finetune import tasks as tasks_lib
 
@@ -167,11 +167,11 @@ class _Tok:
 def test_pair_and_tagged_rows_by_hand():
     from xlm_jax.data.xtreme_readers import PairExample, TaggedSentence
 
-    rows = feats.pair_rows([PairExample("abc", "de", "1", "en")], _Tok(), 8, ["0", "1"])
+    rows = rows_lib.pair_rows([PairExample("abc", "de", "1", "en")], _Tok(), 8, ["0", "1"])
     # longest first: "abc" loses its last piece to fit 8 - 4 = 4 pieces
     assert rows.arrays["input_ids"].tolist() == [[0, 10, 11, 2, 2, 13, 14, 2]]
     assert rows.arrays["label"].tolist() == [1]
-    tagged = feats.tagged_rows([TaggedSentence(("ab", "c", "dd"), ("B-PER", "O", "O"), "en")],
+    tagged = rows_lib.tagged_rows([TaggedSentence(("ab", "c", "dd"), ("B-PER", "O", "O"), "en")],
                                _Tok(), 6, ["O", "B-PER"], lang_id=4)
     assert tagged.arrays["input_ids"].tolist() == [[0, 10, 11, 12, 2, 1]]  # "dd" cut
     assert tagged.arrays["labels"].tolist() == [[-1, 1, -1, 0, -1, -1]]
@@ -181,8 +181,8 @@ def test_pair_and_tagged_rows_by_hand():
 
 def test_epoch_stream_resumes_at_any_step_and_covers_every_row_per_epoch():
     arrays = {"x": np.arange(10)}
-    full = [b["x"] for b, _ in zip(feats.epoch_batches(arrays, 4, 7, 0), range(10))]
-    late = [b["x"] for b, _ in zip(feats.epoch_batches(arrays, 4, 7, 6), range(4))]
+    full = [b["x"] for b, _ in zip(rows_lib.epoch_batches(arrays, 4, 7, 0), range(10))]
+    late = [b["x"] for b, _ in zip(rows_lib.epoch_batches(arrays, 4, 7, 6), range(4))]
     np.testing.assert_array_equal(np.stack(late), np.stack(full[6:]))
     flat = np.concatenate(full)  # 40 rows = 4 epochs of 10
     for e in range(4):
@@ -313,7 +313,7 @@ def test_mlqa_files_are_scored_with_mlqa_normalisation():
     start = np.full(f.input_ids.shape, -5.0)
     end = np.full(f.input_ids.shape, -5.0)
     start[0, first], end[0, last] = 5.0, 5.0
-    rows = feats.Rows({"input_ids": f.input_ids}, qa_features=f)
+    rows = rows_lib.Rows({"input_ids": f.input_ids}, qa_features=f)
     assert ev.score_qa((start, end), rows, [ex], "exact_match") == 0.0
     assert ev.score_qa((start, end), rows, [ex], "exact_match", lang="es") == 100.0
 

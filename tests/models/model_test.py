@@ -89,8 +89,10 @@ def test_embed_without_spm_says_where_it_looked(tmp_path):
 def test_core_imports_without_tensorflow():
     code = ("import sys; import xlm_jax, xlm_jax.models.transformer, xlm_jax.encoder, "
             "xlm_jax.convert.hf, xlm_jax.train.partitioning, xlm_jax.train.loop, "
-            "xlm_jax.train.cli, xlm_jax.objectives.mlm, xlm_jax.bench, xlm_jax.lower, xlm_jax.smoke, "
-            "xlm_jax.pod_memory, xlm_jax.models.attention_backends, xlm_jax.models.fused_attention_tpu, "
+            "xlm_jax.train.cli, xlm_jax.objectives.mlm, xlm_jax.accelerator.bench, "
+            "xlm_jax.accelerator.lower, xlm_jax.accelerator.smoke, xlm_jax.accelerator.pod_memory, "
+            "xlm_jax.accelerator.compile, xlm_jax.league.plan, xlm_jax.models.attention_backends, "
+            "xlm_jax.models.fused_attention_tpu, "
             "xlm_jax.data.synthetic, xlm_jax.data.vocab, xlm_jax.evaluation.retrieval; "
             "xlm_jax.load_encoder; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'seqio')]; "

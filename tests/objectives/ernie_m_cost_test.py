@@ -1,13 +1,13 @@
 """ERNIE-M's CAMLM passes against the paper's cost (§4.3: ERNIE-M trains at 1.075x the cost
 of XLM-R with TLM). The cost of each setting is measured with the trainer's own FLOP count
-(`xlm_jax.league_plan.recipe_cost`, i.e. `xlm_jax.train.flops.mixture_flops_per_token` over
+(`xlm_jax.league.plan.recipe_cost`, i.e. `xlm_jax.train.step_flops.mixture_flops_per_token` over
 the objectives' `flops_per_example`), per trained token, for Table 6's full recipe (exp5)
 against its MMLM + TLM row (exp2) at the paper's base scale, and for the league's `ernie_m`
 against its `xlm`; the shipped default must be the setting whose cost is nearer §4.3's.
 Run with `-s` to print the figures docs/fidelity.md ("CAMLM passes") quotes."""
 import dataclasses
 
-from xlm_jax import league_plan as plan
+from xlm_jax.league import plan
 
 PAPER_RATIO = 1.075  # ERNIE-M's cost over XLM-R + TLM (paper §4.3)
 LEAGUE_BUDGET_TFLOP = 6.0  # the league's default budget per cell (docs/league.md)

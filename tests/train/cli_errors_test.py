@@ -77,23 +77,24 @@ def test_gin_file_mistakes_name_the_file_and_line(tmp_path):
 
 
 def test_bench_pipeline_unregistered_task_is_one_line_and_its_flags_are_in_help():
-    r = _module("xlm_jax.bench", "--pipeline", "nope_task", "--module", "xlm_jax.data.registry")
+    r = _module("xlm_jax.accelerator.bench", "--pipeline", "nope_task", "--module",
+                "xlm_jax.data.registry")
     assert _only_line(r) == (
         "error: pipeline_bench: no task or mixture 'nope_task' after importing --module "
         "xlm_jax.data.registry (0 are registered); pass the module that registers it with "
         "--module")
-    line = _only_line(_module("xlm_jax.bench", "--pipeline", "demo_mnoo"))
+    line = _only_line(_module("xlm_jax.accelerator.bench", "--pipeline", "demo_mnoo"))
     assert re.fullmatch(
         r"error: pipeline_bench: no task or mixture 'demo_mnoo' after importing --module "
         r"xlm_jax_tasks.demo \(\d+ are registered\); did you mean demo_mono or \S+ or \S+\? "
         r"else pass the module that registers it with --module", line), line
-    r = _module("xlm_jax.bench", "--help", timeout=120)
+    r = _module("xlm_jax.accelerator.bench", "--help", timeout=120)
     assert r.returncode == 0
     for flag in ("--module MODULE", "--sequence_length SEQUENCE_LENGTH", "--batches BATCHES"):
         assert flag in r.stdout, flag
-    line = _only_line(_module("xlm_jax.bench", "--batches=3", timeout=120), code=2)
-    assert line == ("python -m xlm_jax.bench: error: --batches is a --pipeline flag (--help "
-                    "lists every flag)")
+    line = _only_line(_module("xlm_jax.accelerator.bench", "--batches=3", timeout=120), code=2)
+    assert line == ("python -m xlm_jax.accelerator.bench: error: --batches is a --pipeline flag "
+                    "(--help lists every flag)")
 
 
 MISSING_TASK = ["--gin_file=runs/xlmr_base_mmlm.gin", "--gin.TRAIN_STEPS=3",

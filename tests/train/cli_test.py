@@ -96,7 +96,7 @@ def test_sigkill_then_resume_is_exact(tmp_path):
     ratios = [f.value / t.value for f, t in zip(acc.Scalars("model_tflops_per_sec"),
                                                 acc.Scalars("tokens_per_sec"))]
     from xlm_jax import model_dir as md
-    from xlm_jax.train import flops
+    from xlm_jax.train import step_flops as flops
 
     cfg = md.read_config(straight)
     # MMLM + TLM, one row each at length 32 with 6 prediction slots (demo/synthetic.gin)

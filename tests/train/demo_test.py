@@ -17,7 +17,7 @@ from tests.testlib import cli_run
 
 LANGS = ("de", "fr", "nl")
 SMALL = """
-import xlm_jax.league_plan as league_plan
+import xlm_jax.league.plan as league_plan
 league_plan.LeagueConfig.shared_bindings = [
     'NUM_LAYERS = 1', 'HIDDEN_SIZE = 32', 'NUM_HEADS = 2', 'MLP_DIM = 64', 'SEQ_LEN = 32',
     'BATCH_SIZE = 8']

@@ -1,4 +1,4 @@
-"""Each objective's model-FLOP count (`Objective.flops_per_example`, `xlm_jax.train.flops`)
+"""Each objective's model-FLOP count (`Objective.flops_per_example`, `xlm_jax.train.step_flops`)
 against an independent count: the FLOPs of every dot product in the jaxpr of the gradient of
 its loss (2 x output size x contracted size per `dot_general`, through nested jaxprs). A pass
 counted 3 x that is really under stop_gradient (or the reverse), a forgotten generator, head or
@@ -24,7 +24,7 @@ from xlm_jax.objectives.translation import Translation
 from xlm_jax.objectives.veco import VariableMLM
 from xlm_jax.objectives.xlco import XLCo
 from xlm_jax.objectives.xlme import ReplacedTokenDetection
-from xlm_jax.train import flops
+from xlm_jax.train import step_flops as flops
 
 B, T = 2, 16
 BASE = dict(vocab_size=64, num_layers=2, hidden_size=32, num_heads=4, mlp_dim=48,

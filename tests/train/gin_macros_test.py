@@ -45,11 +45,13 @@ def test_the_misspelt_macro_run_is_refused_in_seconds_and_writes_nothing(tmp_pat
 GIN_CLIS = [
     ("xlm_jax.finetune", ["--gin_file=finetune/demo_pawsx.gin", "--init_from=/nonexistent"],
      "--gin.run.finetune.train_steps"),
-    ("xlm_jax.bench", ["--gin_file=demo/mmlm_tlm.gin", "--steps=1"], "TRAIN_STEPS"),
-    ("xlm_jax.pod_memory", ["--gin_file=demo/mmlm_tlm.gin", "--devices=2"], "TRAIN_STEPS"),
+    ("xlm_jax.accelerator.bench", ["--gin_file=demo/mmlm_tlm.gin", "--steps=1"], "TRAIN_STEPS"),
+    ("xlm_jax.accelerator.pod_memory", ["--gin_file=demo/mmlm_tlm.gin", "--devices=2"],
+     "TRAIN_STEPS"),
     ("xlm_jax.translate", ["--gin_file=demo/veco_translate.gin"], "TRAIN_STEPS"),
     ("xlm_jax.demo", ["--gin_file=demo/mmlm_tlm.gin"], "TRAIN_STEPS"),
-    ("xlm_jax.lower", ["--gin_file=demo/mmlm_tlm.gin", "--platform=cuda"], "TRAIN_STEPS"),
+    ("xlm_jax.accelerator.lower", ["--gin_file=demo/mmlm_tlm.gin", "--platform=cuda"],
+     "TRAIN_STEPS"),
 ]
 
 

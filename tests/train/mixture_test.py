@@ -14,7 +14,7 @@ from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.mlm import MaskedLM
 from xlm_jax.train import streams as streams_lib
-from xlm_jax.train import flops, loop, mixture
+from xlm_jax.train import step_flops as flops, loop, mixture
 from xlm_jax.train import optim as optim_lib
 from xlm_jax.train import step as step_lib
 

@@ -1,7 +1,7 @@
 """A new objective needs no FLOP formula: one written from docs/adding_an_objective.md alone
 (`tests/testlib/first_token.py`: two loss terms, a head of its own, no `flops_per_example`,
 no entry in flops_test.py) gets its model FLOPs, and so its MFU and model TFLOP/s, from the
-jaxpr of its loss's gradient (`train.flops.jaxpr_flops_per_example`). Checked against the
+jaxpr of its loss's gradient (`train.step_flops.jaxpr_flops_per_example`). Checked against the
 closed form written out here, and through the real trainer. Also: the jaxpr count multiplies a
 scanned layer stack's body by its length, and sees attention on every backend."""
 import dataclasses
@@ -13,7 +13,7 @@ from testlib.tiny_run import TINY_MODEL, train_tiny
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.mlm import MaskedLM
-from xlm_jax.train import flops, loop
+from xlm_jax.train import step_flops as flops, loop
 
 T, P = 32, 4
 

@@ -3,8 +3,8 @@
 The repository is built into a wheel and installed with `pip install --target`; every command
 then runs in a directory outside the repository with only that target on PYTHONPATH, so the
 gin files, the `tasks` package and the demo corpus can only come from the wheel. Also: pip
-refuses the wheel on Python 3.10, naming the Python it needs, and `python -m xlm_jax.bench`
-runs without torch (the comparison skipped with a note).
+refuses the wheel on Python 3.10, naming the Python it needs, and `python -m
+xlm_jax.accelerator.bench` runs without torch (the comparison skipped with a note).
 """
 import os
 import re
@@ -96,9 +96,10 @@ def test_wheel_carries_every_gin_file_and_the_demo_corpus(installed):
     in_wheel = {"xlm_jax_tasks/" + f[len("tasks/"):] for f in data | _repo_files("tasks")}
     missing = sorted(in_wheel - names)
     assert not missing, f"tasks files not in the wheel: {missing[:5]}"
-    # the GPU cards' descriptions `python -m xlm_jax.compile --target h100:...` reads
-    specs = {f for f in _repo_files("xlm_jax/compile/gpu_specs") if f.endswith(".txtpb")}
-    assert {"xlm_jax/compile/gpu_specs/h100.txtpb"} <= specs
+    # the GPU cards' descriptions `python -m xlm_jax.accelerator.compile --target h100:...` reads
+    specs = {f for f in _repo_files("xlm_jax/accelerator/compile/gpu_specs")
+             if f.endswith(".txtpb")}
+    assert {"xlm_jax/accelerator/compile/gpu_specs/h100.txtpb"} <= specs
     assert not sorted(specs - names), sorted(specs - names)
 
 
@@ -177,8 +178,8 @@ NO_TORCH = """
 import runpy, sys
 for name in ('torch', 'transformers', 'tensorflow', 'seqio', 'tensorflow_datasets'):
     sys.modules[name] = None  # import fails, importlib.util.find_spec says "not installed"
-sys.argv[0] = 'xlm_jax.bench'
-runpy.run_module('xlm_jax.bench', run_name='__main__', alter_sys=True)
+sys.argv[0] = 'xlm_jax.accelerator.bench'
+runpy.run_module('xlm_jax.accelerator.bench', run_name='__main__', alter_sys=True)
 """
 
 

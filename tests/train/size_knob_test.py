@@ -47,7 +47,7 @@ def _layer_values(obj):
 def _build(path, *bindings):
     """(ModelConfig, {objective: its layer values}) of `path` parsed with the synthetic macros
     and `bindings`, every objective built as the trainer builds it."""
-    from xlm_jax import pod_memory
+    from xlm_jax.accelerator import pod_memory
     from xlm_jax.models.transformer import Transformer
     from xlm_jax.train import setup
 
@@ -112,9 +112,9 @@ def test_a_file_at_its_own_size_keeps_its_values(path):
     ("runs/infoxlm_base.gin", 1, 1), ("runs/infoxlm_large.gin", 4, 2),
     ("runs/xlme_base.gin", 2, 1), ("runs/xlme_base.gin", 6, 2)])
 def test_lower_at_a_smaller_depth_moves_the_layer_values(path, depth, expected):
-    """`python -m xlm_jax.lower --depth 2` on InfoXLM failed building XLCo (layer 8 > 2
+    """`python -m xlm_jax.accelerator.lower --depth 2` on InfoXLM failed building XLCo (layer 8 > 2
     layers): `lower.configure` (what --depth binds) now builds, the layer at the same fraction."""
-    from xlm_jax import lower, pod_memory
+    from xlm_jax.accelerator import lower, pod_memory
     from xlm_jax.models.transformer import Transformer
     from xlm_jax.train import setup
 
@@ -139,7 +139,7 @@ def test_lower_at_a_smaller_depth_moves_the_layer_values(path, depth, expected):
 def test_the_league_plans_recipes_build_at_their_depth(plan, expected):
     """The plans' NUM_LAYERS (1 and 6) move the recipes' layer values (they bound
     'XLCO_LAYER = 1', 'XLCO_LAYER = 4' and 'GENERATOR_LAYERS = 2' by hand before)."""
-    from xlm_jax import league_plan
+    from xlm_jax.league import plan as league_plan
 
     gin.clear_config()
     try:

@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 
 from xlm_jax import model_dir as md
-from xlm_jax.convert.common import HF_SPM_NAME, HF_WEIGHT_NAMES, expected_shapes
-from xlm_jax.convert.common import read_hf_weights
-from xlm_jax.convert.common import get_path as _get
-from xlm_jax.convert.common import set_path as _set
-from xlm_jax.convert.common import write_safetensors
+from xlm_jax.convert.weights import HF_SPM_NAME, HF_WEIGHT_NAMES, expected_shapes
+from xlm_jax.convert.weights import read_hf_weights
+from xlm_jax.convert.weights import get_path as _get
+from xlm_jax.convert.weights import set_path as _set
+from xlm_jax.convert.weights import write_safetensors
 from xlm_jax.models.config import VOCAB_PARAMS, ModelConfig
 
 Params = dict[str, Any]

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from xlm_jax import model_dir as md
-from xlm_jax.convert import common
+from xlm_jax.convert import weights
 from xlm_jax.convert import hf_remote
 from xlm_jax.models import layer_stack
 from xlm_jax.models.config import ModelConfig
@@ -178,8 +178,8 @@ def params_to_remote_state(params: Params, cfg: ModelConfig) -> dict[str, np.nda
     (with `mlm_head`) or `XlmJaxModel`; parameters other than `cfg`'s model has are an error."""
     params = layer_stack.unstack_layers(params)
     with_head = "mlm_head" in params
-    flat = common.flatten(params)
-    want = common.expected_shapes(cfg.replace(scan_layers=False), with_mlm_head=with_head)
+    flat = weights.flatten(params)
+    want = weights.expected_shapes(cfg.replace(scan_layers=False), with_mlm_head=with_head)
     extra = sorted(set(flat) - set(want))
     if extra:
         raise ValueError(f"parameter {extra[0]} is not part of the model the config describes")
@@ -201,7 +201,7 @@ def remote_state_to_params(state: Mapping[str, np.ndarray], cfg: ModelConfig,
     misshapen tensor is a one-line error naming it."""
     state = {k[len(HEAD_PREFIX):] if k.startswith(HEAD_PREFIX) else k: v for k, v in state.items()}
     with_head = "lm_head.bias" in state
-    want = common.expected_shapes(cfg.replace(scan_layers=False), with_mlm_head=with_head)
+    want = weights.expected_shapes(cfg.replace(scan_layers=False), with_mlm_head=with_head)
     by_key = {torch_key(path): path for path in want}
     extra = sorted(set(state) - set(by_key))
     if extra:
@@ -217,7 +217,7 @@ def remote_state_to_params(state: Mapping[str, np.ndarray], cfg: ModelConfig,
             raise ValueError(f"{source}: parameter {key!r} has shape "
                              f"{tuple(np.shape(state[key]))} but the config expects {expected} "
                              f"(for {path} of shape {want[path]})")
-        common.set_path(params, path, from_torch(path, state[key], want[path]).astype(dtype))
+        weights.set_path(params, path, from_torch(path, state[key], want[path]).astype(dtype))
     return layer_stack.to_layout(params, cfg.scan_layers)
 
 
@@ -234,8 +234,8 @@ def save_remote_dir(out_dir: str, cfg: ModelConfig, params: Params, spm_from: st
     md.write_json(root / "config.json", config)
     for name in hf_remote.TEMPLATE_FILES:
         md.write_text(root / name, hf_remote.template_text(name))
-    common.write_safetensors(root / WEIGHTS_NAME, state)
-    md.copy_spm(md.find_spm(spm_from) if spm_from else None, root, common.HF_SPM_NAME)
+    weights.write_safetensors(root / WEIGHTS_NAME, state)
+    md.copy_spm(md.find_spm(spm_from) if spm_from else None, root, weights.HF_SPM_NAME)
     if languages:
         md.write_languages(root, languages)
 
@@ -247,5 +247,5 @@ def load_remote_dir(hf_dir: str) -> tuple[ModelConfig, Params]:
     if not path.exists():
         raise FileNotFoundError(f"{path}: not found (an HF model directory needs config.json)")
     cfg = config_from_remote(md.read_json(path), source=os.fspath(path))
-    params = remote_state_to_params(common.read_hf_weights(hf_dir), cfg, source=hf_dir)
+    params = remote_state_to_params(weights.read_hf_weights(hf_dir), cfg, source=hf_dir)
     return cfg, params

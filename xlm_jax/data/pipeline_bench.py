@@ -4,7 +4,7 @@
       --sequence_length 128 --batches 50 [--prepared DIR] \\
       [--num_processes P --process_index p] [--epoch] [--resume_at S1,S2] [--json OUT]
 
-(also reachable as `python -m xlm_jax.bench --pipeline TASK`). It times
+(also reachable as `python -m xlm_jax.accelerator.bench --pipeline TASK`). It times
 `pipeline.make_batch_iterator` after `--warmup` batches (pipeline construction, TF start-up
 and the first file reads are excluded). `--prepared DIR` reads the tasks from what
 `python -m xlm_jax.data.prepare` wrote there (`loop.train.prepared_data`); `--num_processes

@@ -47,7 +47,7 @@ import numpy as np
 
 from xlm_jax import cli_help
 from xlm_jax.evaluation import embedding
-from xlm_jax.evaluation.metrics.bucc import bucc_scores
+from xlm_jax.evaluation.metrics.bucc_f1 import bucc_scores
 
 FILE_PATTERN = "{xx}-en.{split}.{xx} + {xx}-en.{split}.en + {xx}-en.{split}.gold"
 STRATEGIES = ("max", "intersect", "forward", "backward")

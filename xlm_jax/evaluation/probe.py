@@ -8,7 +8,7 @@ feature vector [u, v, |u - v|, u * v] (InferSent / SentEval's pair features, Con
 2017); a softmax regression is fitted on the training language's pairs (English) and scored on
 every test language: accuracy per language, the mean over the languages other than the
 training one (zero-shot transfer) and the gap (training language minus that mean), the figures
-the league reports for the fine-tuned task (`league_score.TransferScore`). For a binary task
+the league reports for the fine-tuned task (`xlm_jax.league.score.TransferScore`). For a binary task
 the mean ROC AUC of the head's score over the zero-shot languages is reported too (our
 choice): on the demo task a model whose translations land nearer their English source than
 the near misses do, but not as near as English copies (its positives), ranks the pairs

@@ -17,7 +17,7 @@ import numpy as np
 from xlm_jax import model_dir as md
 from xlm_jax.evaluation.metrics import seqeval as seqeval_lib
 from xlm_jax.evaluation.metrics import squad as squad_lib
-from xlm_jax.finetune import features as feats
+from xlm_jax.finetune import rows as rows_lib
 from xlm_jax.objectives import task_heads as heads
 
 
@@ -37,24 +37,24 @@ def _predict_fn(objective: heads._FinetuneObjective):
     return jax.jit(lambda p, b: objective.logits(p, b))
 
 
-def predict(objective: heads._FinetuneObjective, params: Any, rows: feats.Rows,
+def predict(objective: heads._FinetuneObjective, params: Any, rows: rows_lib.Rows,
             batch_size: int) -> Any:
     """Logits of every row in order (numpy; a (start, end) pair of arrays for QA)."""
     fn = _predict_fn(objective)
     inputs = {k: v for k, v in rows.arrays.items() if k in ("input_ids", "lang_ids")}
     outs: list[Any] = []
-    for batch, real in feats.eval_batches(inputs, batch_size):
+    for batch, real in rows_lib.eval_batches(inputs, batch_size):
         out = jax.device_get(fn(params, batch))
         outs.append(jax.tree_util.tree_map(lambda x: np.asarray(x)[:real], out))
     return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *outs)
 
 
-def score_classification(logits: np.ndarray, rows: feats.Rows) -> float:
+def score_classification(logits: np.ndarray, rows: rows_lib.Rows) -> float:
     """Accuracy (%)."""
     return 100.0 * float(np.mean(np.argmax(logits, -1) == rows.arrays["label"]))
 
 
-def tag_predictions(logits: np.ndarray, rows: feats.Rows, sentences: Sequence[Any],
+def tag_predictions(logits: np.ndarray, rows: rows_lib.Rows, sentences: Sequence[Any],
                     labels: Sequence[str]) -> list[list[str]]:
     """Each word's predicted label (read at its first piece). Words cut by the length limit
     get `labels[0]` (our choice; "O" in the PAN-X label list), so a cut sentence is scored,
@@ -69,7 +69,7 @@ def tag_predictions(logits: np.ndarray, rows: feats.Rows, sentences: Sequence[An
     return preds
 
 
-def score_tagging(logits: np.ndarray, rows: feats.Rows, sentences: Sequence[Any],
+def score_tagging(logits: np.ndarray, rows: rows_lib.Rows, sentences: Sequence[Any],
                   labels: Sequence[str], metric: str) -> float:
     """Span F1 (seqeval's default IOB semantics) or token accuracy (%)."""
     pred = tag_predictions(logits, rows, sentences, labels)
@@ -81,7 +81,7 @@ def score_tagging(logits: np.ndarray, rows: feats.Rows, sentences: Sequence[Any]
     return 100.0 * float(np.mean([g == p for g, p in zip(flat_g, flat_p)]))
 
 
-def score_qa(logits: tuple[np.ndarray, np.ndarray], rows: feats.Rows, examples: Sequence[Any],
+def score_qa(logits: tuple[np.ndarray, np.ndarray], rows: rows_lib.Rows, examples: Sequence[Any],
              metric: str, lang: str | None = None) -> float:
     """F1 or exact match (%) of the n-best decoded spans (`finetune.qa.decode`): SQuAD v1.1's
     normalisation, or MLQA's for language `lang` when given (XTREME scores MLQA with MLQA's

@@ -32,7 +32,7 @@ import numpy as np
 
 from xlm_jax import model_dir as md
 from xlm_jax.finetune import evaluate as ev
-from xlm_jax.finetune import features as feats
+from xlm_jax.finetune import rows as rows_lib
 from xlm_jax.finetune import tasks as tasks_lib
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.train import checkpoints as ckpt_lib
@@ -47,7 +47,7 @@ RESULTS_MD = "results.md"
 class Featurised:
     """A split's rows per language, with the examples they came from (for scoring)."""
 
-    rows: dict[str, feats.Rows]
+    rows: dict[str, rows_lib.Rows]
     examples: dict[str, list[Any]]
     mlqa: bool = False  # scored with MLQA's normalisation (MLQA's own files)
 
@@ -63,7 +63,7 @@ def featurise(task: tasks_lib.FinetuneTask, examples: dict[str, list[Any]], toke
     return Featurised(rows=rows, examples=examples, mlqa=mlqa)
 
 
-def _concat(rows: Sequence[feats.Rows]) -> dict[str, np.ndarray]:
+def _concat(rows: Sequence[rows_lib.Rows]) -> dict[str, np.ndarray]:
     keys = [k for k in rows[0].arrays]
     return {k: np.concatenate([r.arrays[k] for r in rows]) for k in keys}
 
@@ -161,7 +161,7 @@ def finetune(model_dir: str, *, init_from: str = gin.REQUIRED,
     objective = factory(model=Transformer(cfg), name=obj_name)
     # The training rows, epoch after epoch: a function of (seed, step), as a resume needs.
     stream = streams_lib.MemoryStream(
-        lambda b, t, s, start: feats.epoch_batches(train_arrays, b, s, start),
+        lambda b, t, s, start: rows_lib.epoch_batches(train_arrays, b, s, start),
         kind=objective.kind, name=f"finetune {task.xtreme_task} train")
     per_seed_test, selected = [], []
     for seed in seeds:

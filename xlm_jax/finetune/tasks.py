@@ -22,7 +22,7 @@ import gin
 
 from xlm_jax.data import xtreme_readers as readers
 from xlm_jax.finetune import evaluate as ev
-from xlm_jax.finetune import features as feats
+from xlm_jax.finetune import rows as rows_lib
 from xlm_jax.objectives import task_heads as heads
 
 SETTINGS = ("zero_shot", "translate_train_all")
@@ -48,11 +48,11 @@ class FinetuneKind:
     objective: str
     metrics: tuple[str, ...]
     head: Callable[..., Any]
-    rows: Callable[..., feats.Rows]
+    rows: Callable[..., rows_lib.Rows]
     score: Callable[..., float]
 
 
-def _qa_rows(task, examples, tokenizer, labels, lang_id, training) -> feats.Rows:
+def _qa_rows(task, examples, tokenizer, labels, lang_id, training) -> rows_lib.Rows:
     from xlm_jax.finetune import qa
 
     f = qa.featurize(examples, tokenizer, max_length=task.max_length,
@@ -60,22 +60,22 @@ def _qa_rows(task, examples, tokenizer, labels, lang_id, training) -> feats.Rows
                      training=training)
     arrays = {"input_ids": f.input_ids, "start_positions": f.start_positions,
               "end_positions": f.end_positions,
-              **feats.lang_id_arrays(f.input_ids, lang_id, tokenizer.pad_id)}
-    return feats.Rows(arrays, qa_features=f)
+              **rows_lib.lang_id_arrays(f.input_ids, lang_id, tokenizer.pad_id)}
+    return rows_lib.Rows(arrays, qa_features=f)
 
 
 FINETUNE_KINDS: dict[str, FinetuneKind] = {k.name: k for k in (
     FinetuneKind(
         name="classification", objective="classify", metrics=("accuracy",),
         head=heads.SequenceClassification,
-        rows=lambda task, exs, tok, labels, lang_id, training: feats.pair_rows(
+        rows=lambda task, exs, tok, labels, lang_id, training: rows_lib.pair_rows(
             exs, tok, task.max_length, labels, lang_id),
         score=lambda task, logits, rows, exs, labels, lang: ev.score_classification(
             logits, rows)),
     FinetuneKind(
         name="tagging", objective="tag", metrics=("f1", "accuracy"),
         head=heads.TokenClassification,
-        rows=lambda task, exs, tok, labels, lang_id, training: feats.tagged_rows(
+        rows=lambda task, exs, tok, labels, lang_id, training: rows_lib.tagged_rows(
             exs, tok, task.max_length, labels, lang_id),
         score=lambda task, logits, rows, exs, labels, lang: ev.score_tagging(
             logits, rows, exs, labels, task.metric)),

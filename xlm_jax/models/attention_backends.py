@@ -16,8 +16,8 @@ An explicitly requested backend that cannot serve a call is an error
 silent fallback: a pod user would otherwise lose a run to a slow or memory-hungry path.
 
 The platform is the one the program is lowered for: ``jax.default_backend()`` unless
-:func:`lowering_for` says otherwise (``python -m xlm_jax.lower`` lowers for ``cuda``/``tpu``
-from a CPU and sets it, so the kernels chosen are the target's).
+:func:`lowering_for` says otherwise (``python -m xlm_jax.accelerator.lower`` lowers for
+``cuda``/``tpu`` from a CPU and sets it, so the kernels chosen are the target's).
 
 Sharding: a ``pallas_call`` or cuDNN custom call is opaque to the SPMD partitioner, which would
 hand it the global batch on every device. Under a mesh (``jax.set_mesh``, as the trainer's
@@ -88,7 +88,7 @@ def lowering_for(platform: str) -> Iterator[None]:
 def reference_math() -> Iterator[None]:
     """While tracing, every attention call takes the XLA path whatever backend it asks for:
     a FLOP count read from a jaxpr sees the attention's dot products there, which the fused
-    kernels hide inside custom calls (`xlm_jax.train.flops.jaxpr_flops_per_example`)."""
+    kernels hide inside custom calls (`xlm_jax.train.step_flops.jaxpr_flops_per_example`)."""
     token = _REFERENCE.set(True)
     try:
         yield

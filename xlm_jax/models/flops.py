@@ -2,7 +2,7 @@
 
 The formulas every objective's `flops_per_example` adds up (so they sit below the objectives,
 and the objectives need nothing of the trainer); the trainer's throughput, MFU and device
-peaks are `xlm_jax.train.flops`, which re-exports these. Counted as matmul FLOPs, forward only
+peaks are `xlm_jax.train.step_flops`, which re-exports these. Counted as matmul FLOPs, forward only
 (the objectives multiply by 3 for a differentiated pass, forward + backward, and by 1 for one
 under stop_gradient), with the MLM head at the gathered prediction slots only:
   per token per layer: 2 * (4 d^2 + 2 d f)  (projections + FFN)  + 2 * 2 * T * d  (scores, values)

@@ -31,9 +31,9 @@ Lowering: on CPU the kernels run with ``interpret=True`` (that is how the tests 
 On GPU they lower through Triton, named explicitly (``pl_triton.CompilerParams``): 2-D
 blocks, ``jnp.dot`` with float32 accumulation, power-of-two block sizes >= 16, int8 masks
 or per-token mask features (``TokenMask``), scalar table loads. The CUDA lowering is checked
-from a CPU (``python -m xlm_jax.lower``, ``tests/train/lower_test.py``); no GPU has compiled
-or run it yet (float32 dots there would use the lowering's default precision, TF32 on recent
-GPUs, as XLA's default does; the interpreted CPU run is exact float32). Interpreted kernels
+from a CPU (``python -m xlm_jax.accelerator.lower``, ``tests/accelerator/lower_test.py``); no GPU
+has compiled or run it yet (float32 dots there would use the lowering's default precision, TF32 on
+recent GPUs, as XLA's default does; the interpreted CPU run is exact float32). Interpreted kernels
 are slow: on CPU the backend is for testing, not for training. The kernels themselves live
 in ``fused_attention_kernels``; this module holds the shapes, BlockSpecs and custom VJP, and
 the input preparation the TPU twin (``fused_attention_tpu``) shares: the input checks, the

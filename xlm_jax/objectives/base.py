@@ -301,7 +301,7 @@ class Objective(abc.ABC):
         """An analytic count of the model matmul FLOPs of one example of its stream, forward +
         backward (`xlm_jax.models.flops` has the per-pass counts), or None (the default):
         then the trainer counts the dot products in the jaxpr of the loss's gradient
-        (`xlm_jax.train.flops.jaxpr_flops_per_example`), which is right for any objective
+        (`xlm_jax.train.step_flops.jaxpr_flops_per_example`), which is right for any objective
         and costs one trace at start-up. Override it for a closed form, or where the jaxpr
         cannot see the work (a while loop runs its body an unknown number of times)."""
         del seq_len

@@ -33,7 +33,7 @@ from xlm_jax import model_dir as md
 from xlm_jax.train import checkpoints as ckpt_lib
 from xlm_jax.train import data_state
 from xlm_jax.train import evaluators as evaluators_lib
-from xlm_jax.train import flops as flops_lib
+from xlm_jax.train import step_flops as flops_lib
 from xlm_jax.train import health as health_lib
 from xlm_jax.train import writers as writers_lib
 from xlm_jax.train import step as step_lib

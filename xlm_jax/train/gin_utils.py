@@ -41,10 +41,11 @@ def shipped_path(path: str, root: str = PACKAGE_ROOT) -> str | None:
 
 
 # The run files leave their data and schedule length to the user (required macros); tools that
-# compile or time a run file without its data (`xlm_jax.bench`, `xlm_jax.pod_memory`,
-# `xlm_jax.lower`) bind these, with synthetic streams standing in for the tasks. They are
-# placeholders: `parse` lets them go unused (a run file names only the tasks its objectives
-# read), while an unused macro the user or a gin file binds is an error.
+# compile or time a run file without its data (`xlm_jax.accelerator.bench`,
+# `xlm_jax.accelerator.pod_memory`, `xlm_jax.accelerator.lower`) bind these, with synthetic streams
+# standing in for the tasks. They are placeholders: `parse` lets them go unused (a run file names
+# only the tasks its objectives read), while an unused macro the user or a gin file binds is an
+# error.
 SYNTHETIC_RUN_MACROS: tuple[str, ...] = (
     "TRAIN_STEPS = 1000000", "MONO_TASK = 'synthetic:mono'", "PAIR_TASK = 'synthetic:pair'",
     "TASK_MODULES = []", "XLCO_TASK = 'synthetic:mixup_pair'",

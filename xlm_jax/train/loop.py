@@ -27,7 +27,7 @@ from xlm_jax.train import actions as actions_lib
 from xlm_jax.train import checkpoints as ckpt_lib
 from xlm_jax.train import streams as streams_lib
 from xlm_jax.train import evaluators as evaluators_lib
-from xlm_jax.train import flops as flops_lib
+from xlm_jax.train import step_flops as flops_lib
 from xlm_jax.train import health as health_lib
 from xlm_jax.train import writers as writers_lib
 from xlm_jax.train import mixture

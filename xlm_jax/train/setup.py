@@ -4,7 +4,8 @@ checks that need nothing built (batch split over the mesh, the tasks' language a
 tables) -> objectives and the rule table -> the state's optimiser, init function, shardings
 (traced, nothing allocated) -> the model directory's files -> the initial state (fresh, from a
 pre-trained encoder, or restored with its `ResumeInfo`) -> the input streams at the restored
-step. `xlm_jax.pod_memory` and `xlm_jax.lower` build the same state and step with these.
+step. `xlm_jax.accelerator.pod_memory` and `xlm_jax.accelerator.lower` build the same state and step
+with these.
 """
 from __future__ import annotations
 
@@ -310,7 +311,8 @@ def _check_declarations(objectives: Sequence[Objective], init_fn: Callable[..., 
 @dataclasses.dataclass(frozen=True)
 class StateParts:
     """The optimiser, the init function and the sharded abstract state of a run: what the
-    train step is compiled against (`train` and `xlm_jax.pod_memory` build it the same way)."""
+    train step is compiled against (`train` and `xlm_jax.accelerator.pod_memory` build it the same
+    way)."""
 
     schedule: Any  # optax schedule (reported as the learning_rate metric)
     tx: Any  # optax.GradientTransformation

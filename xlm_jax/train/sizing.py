@@ -9,7 +9,7 @@ table, cross-attention, position type, dtype). The values that name a layer inde
 are written as "L of a D-layer model" (`'8/12'`: InfoXLM's universal layer 8 of base's 12,
 paper Table 10) and resolved against the model's depth when the objective is built
 (`layers_at_depth`): the paper's value at the paper's depth, the same fraction of any other
-depth (`SIZE`, `python -m xlm_jax.lower --depth`, a run file's `num_layers` override).
+depth (`SIZE`, `python -m xlm_jax.accelerator.lower --depth`, a run file's `num_layers` override).
 
 Why: "make it small" took a different knob per file (a repeated `overrides` dict for the demo
 files, `NUM_LAYERS` for the league), and a layer index written as a number (XLCo's 8) does

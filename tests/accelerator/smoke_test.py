@@ -1,4 +1,5 @@
-"""`python -m xlm_jax.smoke` on the CPU: the table's rows, a mismatch and a NaN caught, bad flags.
+"""`python -m xlm_jax.accelerator.smoke` on the CPU: the table's rows, a mismatch and a NaN caught,
+bad flags.
 
 One module-scoped run covers xla, cudnn and pallas on the tiny model, plain and with the gated
 bias, at the run files' attention dropout (0.1): xla is the reference, cudnn is unavailable on
@@ -19,7 +20,7 @@ import sys
 
 import pytest
 
-from xlm_jax import smoke
+from xlm_jax.accelerator import smoke
 
 # One layer of the tiny size: every layer runs the same kernels, and the interpreted Pallas
 # kernel's compile time grows with each unrolled layer.
@@ -123,7 +124,7 @@ def test_bad_flag_is_one_line_naming_flag_and_value(capsys, argv, named):
 
 
 def test_smoke_imports_without_tensorflow():
-    code = ("import sys, xlm_jax.smoke; bad = [m for m in sys.modules "
+    code = ("import sys, xlm_jax.accelerator.smoke; bad = [m for m in sys.modules "
             "if m.split('.')[0] in ('tensorflow', 'seqio')]; print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr

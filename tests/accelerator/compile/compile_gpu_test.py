@@ -1,4 +1,5 @@
-"""`xlm_jax.compile` for GPU nodes: compile-only H100s from the CUDA plugin (`make test-slow`).
+"""`xlm_jax.accelerator.compile` for GPU nodes: compile-only H100s from the CUDA plugin (`make
+test-slow`).
 
 The plugin (jax-cuda12-plugin + jax-cuda12-pjrt, no CUDA libraries) is installed beside the
 test environment by `make test-slow` and put on the tool's PYTHONPATH here
@@ -28,7 +29,8 @@ def _compile(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["PYTHONPATH"] = os.pathsep.join([PLUGIN, REPO])
-    proc = subprocess.run([sys.executable, "-m", "xlm_jax.compile", *args, "--json", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "xlm_jax.accelerator.compile", *args,
+                           "--json", str(out)],
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=1200)
     return proc, (json.loads(out.read_text()) if out.exists() else {})
 

@@ -1,6 +1,6 @@
 """What the objective league trains: its settings, its recipes and their cost in FLOPs.
 
-`python -m xlm_jax.league` (xlm_jax/league.py) trains one base masked LM and continues every
+`python -m xlm_jax.league` (xlm_jax/league/runner.py) trains one base masked LM and continues every
 recipe from it for the same training FLOPs. This module holds what the CLI and the per-paper
 demos (`python -m xlm_jax.demo`) share:
 
@@ -8,7 +8,7 @@ demos (`python -m xlm_jax.demo`) share:
   `--gin.LeagueConfig.NAME=VALUE`).
 - `RECIPES`: the recipe names; recipe R is `gin_configs/league/R.gin`.
 - `recipe_cost`: a recipe's FLOPs per step by the trainer's own accounting
-  (`xlm_jax.train.flops.mixture_flops_per_token`, which counts XLM-E's generator, ERNIE-M's
+  (`xlm_jax.train.step_flops.mixture_flops_per_token`, which counts XLM-E's generator, ERNIE-M's
   CAMLM passes and BTMLM's decoding pass, VECO's four passes, XLCo's key encoder). It is the one
   place that calls into trainer internals (`_trainer_cost`), so it is easy to adapt if they move.
 - `fraction_of_steps`: a gin-callable step count as a fraction of TRAIN_STEPS (warm-ups that
@@ -176,10 +176,10 @@ def _trainer_cost() -> tuple[float, float, int]:
     objectives built as `train.setup.build_objective` builds them (each factory called with
     the model, its name and the run arguments it declares; no language table, as the FLOPs
     do not depend on it), the mixture's shapes from `train.mixture`, the FLOPs from
-    `train.flops.mixture_flops_per_token`. THE one function that reads trainer internals."""
+    `train.step_flops.mixture_flops_per_token`. THE one function that reads trainer internals."""
     from xlm_jax.data.features import example_kind
     from xlm_jax.models.transformer import Transformer
-    from xlm_jax.train import flops, mixture, setup
+    from xlm_jax.train import step_flops as flops, mixture, setup
 
     kw = gin.get_bindings("loop.train")
     net = Transformer(kw["model"])

@@ -124,7 +124,7 @@ def format_report(r: Mapping[str, Any]) -> str:
     f = r["flops_per_device"]
     xla = f"{f['xla'] / 1e12:.2f} TFLOP" if f["xla"] is not None else "n/a (XLA:GPU gives none)"
     lines += ["", f"FLOPs per step per device: XLA's cost analysis {xla} (Pallas kernels are "
-              f"not in it); ours {f['ours'] / 1e12:.2f} TFLOP (xlm_jax.train.flops, model "
+              f"not in it); ours {f['ours'] / 1e12:.2f} TFLOP (xlm_jax.train.step_flops, model "
               "FLOPs)"]
     lines.append(f"kernel calls: {r['custom_calls'] or 'none'}")
     if r.get("collectives"):

@@ -175,7 +175,7 @@ def test_every_recipe_starts_from_the_base(tmp_path):
     """Each recipe's step-0 state after `init_from` the base (trained in-process, 1 step)."""
     import gin
 
-    from xlm_jax import league_plan
+    from xlm_jax.league import plan as league_plan
     from xlm_jax.train import gin_utils, loop
 
     gin.clear_config()

@@ -1,5 +1,6 @@
-"""`python -m xlm_jax.bench` with a shipped run file: synthetic batches on a machine without
-TensorFlow (accelerator hosts have jax only), figures consistent with the shapes it reports."""
+"""`python -m xlm_jax.accelerator.bench` with a shipped run file: synthetic batches on a machine
+without TensorFlow (accelerator hosts have jax only), figures consistent with the shapes it
+reports."""
 import os
 import re
 import subprocess
@@ -14,7 +15,7 @@ NO_TF = """
 import sys
 for name in ('tensorflow', 'seqio', 'tensorflow_datasets'):
     sys.modules[name] = None  # import fails, importlib.util.find_spec says "not installed"
-from xlm_jax.bench import main
+from xlm_jax.accelerator.bench import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -54,7 +55,7 @@ def test_bench_runs_a_shipped_run_file_without_tensorflow():
 
 def test_prediction_slots_follow_the_run_files_rule():
     """The bench resizes MAX_PREDICTIONS with --seq_len by the rule the run files state."""
-    from xlm_jax.bench import prediction_slots
+    from xlm_jax.accelerator.bench import prediction_slots
 
     assert prediction_slots(0.15, 512) == 80  # runs/*: floor(0.15 x 512) + 1 = 77 -> 80
     assert prediction_slots(0.25, 128) == 40  # runs/veco_large.gin's MAX_PREDICTIONS_BI
@@ -69,7 +70,7 @@ def test_table_runs_each_row_in_its_own_process_and_reports_failures(tmp_path, m
     markdown has one line per row, and the exit code says a row failed."""
     import json
 
-    from xlm_jax import bench
+    from xlm_jax.accelerator import bench
 
     runs = (("MMLM", {"base": ["runs/xlmr_base_mmlm.gin"]}),
             ("broken", {"base": ["runs/no_such_run_file.gin"]}))
@@ -124,7 +125,7 @@ def write_trace(root, xspace: str) -> str:
 
 def test_profile_summary_adds_up_device_op_time(tmp_path):
     """A GPU trace written by hand (XSpace text proto): per-step times by op kind and by op."""
-    from xlm_jax.bench import summarize_profile
+    from xlm_jax.accelerator.bench import summarize_profile
 
     out = summarize_profile(write_trace(tmp_path, XSPACE), steps=2)
     # ops: gemm 6 us, fusion 1 us, cuDNN 2 us = 9 us over 2 steps (the module line is not an op)
@@ -169,7 +170,7 @@ planes {
 def test_profile_summary_reads_xla_cpu_threads_on_a_host_trace(tmp_path):
     """A CPU run has no device plane: the XLA:CPU executor threads' op events are summed (the
     executor's wrapper events and the Python thread are not ops)."""
-    from xlm_jax.bench import summarize_profile
+    from xlm_jax.accelerator.bench import summarize_profile
 
     out = summarize_profile(write_trace(tmp_path, CPU_XSPACE), steps=1)
     lines = out.splitlines()

@@ -1,4 +1,4 @@
-"""`xlm_jax.compile`: the trainer's step compiled for TPU topologies on this CPU host.
+"""`xlm_jax.accelerator.compile`: the trainer's step compiled for TPU topologies on this CPU host.
 
 The test environment is the `tpu` one (constraints/tpu.txt): libtpu is installed, so
 `jax.experimental.topologies` gives compile-only TPU devices and XLA:TPU really compiles (its
@@ -18,9 +18,9 @@ import importlib.util
 import gin
 import pytest
 
-from xlm_jax import compile as tool
-from xlm_jax.compile import __main__ as cli
-from xlm_jax.compile import targets
+from xlm_jax.accelerator import compile as tool
+from xlm_jax.accelerator.compile import __main__ as cli
+from xlm_jax.accelerator.compile import targets
 
 TPU = targets.parse_target("v5e:2x2")
 # (run file, extra bindings that keep a one-layer model valid)
@@ -158,7 +158,7 @@ class _no_raise:
 
 
 def test_pod_memory_with_a_target_is_a_view_of_the_compiled_report(tmp_path, capfd):
-    from xlm_jax import pod_memory
+    from xlm_jax.accelerator import pod_memory
 
     out = tmp_path / "r.json"
     code = pod_memory.main(["--gin_file=runs/xlmr_base_mmlm.gin", "--target", "v5e:2x2",

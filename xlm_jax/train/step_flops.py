@@ -163,7 +163,7 @@ def peak_flops_per_device(device: jax.Device | None = None) -> float | None:
     if device.platform != "cpu" and kind not in _WARNED_KINDS:
         _WARNED_KINDS.add(kind)
         logger.warning("no peak bf16 FLOP/s known for device kind %r (platform %s): MFU is not "
-                       "reported; add the chip to xlm_jax.train.flops.PEAK_BF16_FLOPS",
+                       "reported; add the chip to xlm_jax.train.step_flops.PEAK_BF16_FLOPS",
                        kind, device.platform)
     return None
 

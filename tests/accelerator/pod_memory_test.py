@@ -1,5 +1,5 @@
-"""`python -m xlm_jax.pod_memory` on a tiny model over 8 fake devices: an FSDP step gathers
-parameters but never a whole activation (and a wrong activation rule is caught), the state
+"""`python -m xlm_jax.accelerator.pod_memory` on a tiny model over 8 fake devices: an FSDP step
+gathers parameters but never a whole activation (and a wrong activation rule is caught), the state
 bytes per device it reports are the shardings' and shrink 8x with 8 fsdp shards, and a mesh
 that does not match --devices is a one-line error."""
 import json
@@ -13,7 +13,7 @@ import jax
 import pytest
 
 from tests.testlib.xla_flags import FAST_COMPILE
-from xlm_jax import pod_memory
+from xlm_jax.accelerator import pod_memory
 from xlm_jax.train import gin_utils
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -22,7 +22,7 @@ NO_TF = """
 import sys
 for name in ('tensorflow', 'seqio', 'tensorflow_datasets'):
     sys.modules[name] = None
-from xlm_jax.pod_memory import main
+from xlm_jax.accelerator.pod_memory import main
 sys.exit(main(sys.argv[1:]))
 """
 B, S, H, M = 16, 24, 128, 512  # global batch x seq; hidden and mlp widths of the model below

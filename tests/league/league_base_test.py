@@ -9,27 +9,28 @@ import os
 import gin
 import pytest
 
-from xlm_jax import demo, league
-from xlm_jax import league_plan as plan
-from xlm_jax import league_score
+from xlm_jax import demo
+from xlm_jax.league import runner
+from xlm_jax.league import plan
+from xlm_jax.league import score as league_score
 from xlm_jax.train import gin_utils
 
-SHIPPED = gin_utils.shipped_path(league.SHIPPED_BASE)
+SHIPPED = gin_utils.shipped_path(runner.SHIPPED_BASE)
 
 
-def _settings(steps=league.DEFAULT_BASE_STEPS):
-    return league.base_settings(plan.LeagueConfig(), steps)[0]
+def _settings(steps=runner.DEFAULT_BASE_STEPS):
+    return runner.base_settings(plan.LeagueConfig(), steps)[0]
 
 
 def test_the_shipped_base_is_the_base_of_todays_league_configuration():
-    assert SHIPPED is not None, f"{league.SHIPPED_BASE} is missing"
-    record = league_score.read_json(os.path.join(SHIPPED, league.SHIPPED_RECORD))
+    assert SHIPPED is not None, f"{runner.SHIPPED_BASE} is missing"
+    record = league_score.read_json(os.path.join(SHIPPED, runner.SHIPPED_RECORD))
     assert record == _settings().to_json(), (
         "league/base.gin (or the league's base settings) changed since the base was shipped: "
         "train and ship it again with `python -m xlm_jax.league --ship_base "
-        f"{league.SHIPPED_BASE}` (docs/league.md)")
-    assert league.shipped_base(_settings()) == SHIPPED
-    assert league.shipped_base(_settings(steps=10)) is None  # another base: not this one
+        f"{runner.SHIPPED_BASE}` (docs/league.md)")
+    assert runner.shipped_base(_settings()) == SHIPPED
+    assert runner.shipped_base(_settings(steps=10)) is None  # another base: not this one
 
 
 def test_the_shipped_parameters_are_the_league_base_model():
@@ -39,7 +40,7 @@ def test_the_shipped_parameters_are_the_league_base_model():
 
     from xlm_jax.encoder import load_encoder
     from xlm_jax.models.transformer import Transformer
-    from xlm_jax import pod_memory
+    from xlm_jax.accelerator import pod_memory
 
     gin.clear_config()
     try:
@@ -63,21 +64,21 @@ def test_its_parameters_are_the_ones_its_figures_were_measured_on():
     """The held-out masked-LM check (deterministic: fixed positions, no dropout) on the
     shipped parameters reproduces the loss and accuracy recorded beside them (about a minute
     on 2 CPU cores: `make test-slow`)."""
-    scores = league_score.read_json(os.path.join(SHIPPED, league.SHIPPED_SCORES))
+    scores = league_score.read_json(os.path.join(SHIPPED, runner.SHIPPED_SCORES))
     config = plan.LeagueConfig()
-    mlm = league_score.masked_lm_heldout(SHIPPED, league.tatoeba_dir(config),
-                                         league._seq_len(SHIPPED), config.languages)
+    mlm = league_score.masked_lm_heldout(SHIPPED, runner.tatoeba_dir(config),
+                                         runner._seq_len(SHIPPED), config.languages)
     assert mlm.targets == scores["mlm"]["targets"]
     assert mlm.loss == pytest.approx(scores["mlm"]["loss"], abs=1e-4)
     assert mlm.accuracy == pytest.approx(scores["mlm"]["accuracy"], abs=1e-6)
-    assert scores["retrieval_acc1"] > 0 and scores["steps"] == league.DEFAULT_BASE_STEPS
+    assert scores["retrieval_acc1"] > 0 and scores["steps"] == runner.DEFAULT_BASE_STEPS
 
 
 def test_the_demo_continues_from_the_shipped_base_unless_told_otherwise(monkeypatch):
     """Default flags: the shipped base, nothing trained. --train_base or --base_dir: the
-    league's own base step (`league.ensure_base`, here recorded instead of run)."""
+    league's own base step (`runner.ensure_base`, here recorded instead of run)."""
     trained = []
-    monkeypatch.setattr(league, "ensure_base", lambda d, c, s: trained.append(d) or d)
+    monkeypatch.setattr(runner, "ensure_base", lambda d, c, s: trained.append(d) or d)
     config = plan.LeagueConfig()
     flags = lambda **kw: argparse.Namespace(**{"base_dir": None, "train_base": False, **kw})  # noqa: E731
     assert demo.resolve_base(flags(), config, _settings()) == SHIPPED and not trained

@@ -2,7 +2,7 @@
 trainer's FLOP count, the one-line refusals of bad input (nothing written), the statistics of
 league.json against numpy, the held-out masked-LM check against a direct computation, the XLM-E
 generator copied from the base, and the help. The league run end to end, its resume after
-kill -9 and each recipe's loading of the base are in tests/league_run_test.py (slow)."""
+kill -9 and each recipe's loading of the base are in tests/league/league_run_test.py (slow)."""
 import collections
 import concurrent.futures
 import dataclasses
@@ -19,7 +19,12 @@ import numpy as np
 import pytest
 
 from tests.testlib.cli_run import ROOT, env
-from xlm_jax import league, league_plan, league_report, league_score, league_xlme
+from xlm_jax.league import __main__ as league_cli
+from xlm_jax.league import plan as league_plan
+from xlm_jax.league import results as league_results
+from xlm_jax.league import runner
+from xlm_jax.league import score as league_score
+from xlm_jax.league import xlme_generator
 from xlm_jax.train import gin_utils
 
 TINY = "league/tiny.gin"
@@ -44,7 +49,7 @@ def _league(*args, cwd):
 def test_the_budget_buys_whole_steps_by_the_trainers_flop_count(tmp_path):
     config = _tiny_config()
     budget = 0.002
-    p = league.make_plan(config, league_plan.RECIPES, 2, 4, budget, str(tmp_path))
+    p = runner.make_plan(config, league_plan.RECIPES, 2, 4, budget, str(tmp_path))
     assert [(c.recipe, c.seed) for c in p.cells[:2]] == [("mmlm", 0), ("xlm", 0)]  # seed-major
     assert len(p.cells) == 2 * len(league_plan.RECIPES)
     for cell in p.cells:
@@ -56,7 +61,7 @@ def test_the_budget_buys_whole_steps_by_the_trainers_flop_count(tmp_path):
             cell.steps * cost.tokens_per_step * cost.flops_per_token / 1e12, rel=1e-12)
         assert budget - cycle_flops / 1e12 < cell.train_tflop <= budget
     assert {c.recipe: c.cost.cycle for c in p.cells}["veco"] == 2  # VECO alternates phases
-    # An independent count for MMLM (the formula of xlm_jax/train/flops.py, written out): per
+    # An independent count for MMLM (the formula of xlm_jax/train/step_flops.py, written out): per
     # token and layer 2(4d^2 + 2df) + 4Td, plus 2 x 2d for XLM-E's two gates (q.u, q.v: every
     # league model has the gated bias), x 3 for forward + backward, and the head 2(d^2 + dV)
     # at the prediction slots (floor(0.15 T) + 1 per row); the 1 x 32 tiny model, T = 32.
@@ -77,8 +82,8 @@ def test_bad_input_is_one_line_naming_the_flag_and_writes_nothing(tmp_path):
     exit 1, one line on stderr naming the flag and the value, nothing written."""
     config = _tiny_config()
     held = tmp_path / "held"
-    league.claim_out(league.make_plan(config, ("mmlm", "xlm"), 1, 4, 0.0005, str(held)))
-    record = (held / league.SETTINGS_FILE).read_bytes()
+    runner.claim_out(runner.make_plan(config, ("mmlm", "xlm"), 1, 4, 0.0005, str(held)))
+    record = (held / runner.SETTINGS_FILE).read_bytes()
     cases = [
         (["--recipes=mmlm,bogus", "--out=new1"], ["--recipes=mmlm,bogus", "'bogus'"], "new1"),
         (["--recipes=mmlm,ernie_m", "--budget_tflop=0.0002", "--out=new2"],
@@ -100,29 +105,29 @@ def test_bad_input_is_one_line_naming_the_flag_and_writes_nothing(tmp_path):
             assert name in lines[0], (name, lines[0])
         if new_dir:
             assert not (tmp_path / new_dir).exists()
-    assert sorted(os.listdir(held)) == [league.SETTINGS_FILE]
-    assert (held / league.SETTINGS_FILE).read_bytes() == record
+    assert sorted(os.listdir(held)) == [runner.SETTINGS_FILE]
+    assert (held / runner.SETTINGS_FILE).read_bytes() == record
 
 
 def test_the_settings_record_accepts_its_own_league_and_more_seeds(tmp_path):
     config = _tiny_config()
     out = str(tmp_path / "out")
-    league.claim_out(league.make_plan(config, ("mmlm",), 1, 4, 0.0005, out))
-    league.claim_out(league.make_plan(config, ("mmlm",), 3, 4, 0.0005, out))  # more seeds: ok
-    assert json.load(open(os.path.join(out, league.SETTINGS_FILE)))["seeds"] == [0, 1, 2]
+    runner.claim_out(runner.make_plan(config, ("mmlm",), 1, 4, 0.0005, out))
+    runner.claim_out(runner.make_plan(config, ("mmlm",), 3, 4, 0.0005, out))  # more seeds: ok
+    assert json.load(open(os.path.join(out, runner.SETTINGS_FILE)))["seeds"] == [0, 1, 2]
     import dataclasses
 
     other = dataclasses.replace(config, base_bindings=(*config.base_bindings, "MASK_PROB = 0.2"))
     with pytest.raises(ValueError, match=r"--gin_file/--gin \(the base's configuration\)"):
-        league.claim_out(league.make_plan(other, ("mmlm",), 1, 4, 0.0005, out))
+        runner.claim_out(runner.make_plan(other, ("mmlm",), 1, 4, 0.0005, out))
     other = dataclasses.replace(config, recipe_bindings={"mmlm": (
         *config.recipe_bindings["mmlm"], "MASK_PROB = 0.2")})
     with pytest.raises(ValueError, match=r"recipe mmlm's configuration"):
-        league.claim_out(league.make_plan(other, ("mmlm",), 1, 4, 0.0005, out))
+        runner.claim_out(runner.make_plan(other, ("mmlm",), 1, 4, 0.0005, out))
 
 
 def _cell(recipe, seed, acc, avg, gap, layers):
-    return league.CellScore(
+    return runner.CellScore(
         recipe=recipe, seed=seed, model_dir=f"/m/{recipe}/{seed}", steps=10, tokens_per_step=8.0,
         flops_per_token=3.0, train_tflop=240e-12, retrieval_acc1=acc, retrieval_layer=1,
         retrieval_per_layer={str(k): v for k, v in enumerate(layers)}, transfer_avg=avg,
@@ -132,7 +137,7 @@ def _cell(recipe, seed, acc, avg, gap, layers):
 
 def test_league_json_means_and_stds_are_numpys(tmp_path):
     config = _tiny_config()
-    p = league.make_plan(config, ("mmlm", "xlm"), 3, 4, 0.0005, str(tmp_path))
+    p = runner.make_plan(config, ("mmlm", "xlm"), 3, 4, 0.0005, str(tmp_path))
     rng = np.random.default_rng(0)
     done = []
     for seed in range(3):
@@ -148,7 +153,7 @@ def test_league_json_means_and_stds_are_numpys(tmp_path):
                     "language_unigram_entropy": 4.0, "language_most_frequent_rate": 0.12,
                     "targets": 10, "tokens": 50, "sentences": 5, "uses_context": True,
                     "beyond_language": False}}
-    out = league_report.league_json(p, base, done, "cmd")
+    out = league_results.league_json(p, base, done, "cmd")
     assert not out["complete"]
     for recipe, n in (("mmlm", 3), ("xlm", 2)):
         r = out["recipes"][recipe]
@@ -162,7 +167,7 @@ def test_league_json_means_and_stds_are_numpys(tmp_path):
         curve = np.array([[c.retrieval_per_layer[k] for k in ("0", "1")] for c in cells])
         assert list(r["mean"]["retrieval_per_layer"].values()) == pytest.approx(
             curve.mean(0), rel=1e-12)
-    league_report.write_all(str(tmp_path), out)
+    league_results.write_all(str(tmp_path), out)
     md = (tmp_path / "league.md").read_text()
     m = out["recipes"]["xlm"]
     assert f"{m['mean']['retrieval_acc1']:.1f} ± {m['std']['retrieval_acc1']:.1f}" in md
@@ -225,21 +230,21 @@ def test_claims_are_welch_tests_against_the_matching_baseline():
         "infoxlm": {"cells": cells("infoxlm", [7.6, 7.7, 7.65], [53.0, 53.1, 53.2],
                                    [5.0, 5.1, 4.9])},
     }
-    results = league_report.evaluate_claims({"recipes": recipes})
+    results = league_results.evaluate_claims({"recipes": recipes})
     got = {(r.claim.recipe, r.metric): r for r in results}
     assert {k[0] for k in got} == {"xlm", "infoxlm"}  # the others' recipes are absent
     assert got[("infoxlm", "transfer_avg")].claim.baseline == "xlm"
     for (recipe, metric), r in got.items():
         base = r.claim.baseline
-        a = league_report._seed_values(recipes[recipe]["cells"], metric)
-        b = league_report._seed_values(recipes[base]["cells"], metric)
+        a = league_results._seed_values(recipes[recipe]["cells"], metric)
+        b = league_results._seed_values(recipes[base]["cells"], metric)
         t, p = _welch(a, b)
         assert r.t == pytest.approx(t, rel=1e-9) and r.p == pytest.approx(p, rel=1e-6)
         assert r.diff == pytest.approx(np.mean(a) - np.mean(b))
     assert got[("infoxlm", "transfer_avg")].verdict == "holds"
     assert got[("infoxlm", "retrieval_layer:3")].verdict == "reversed"  # 5.0 vs 6.1
     assert got[("xlm", "retrieval_acc1")].verdict == "not shown"  # the same seeds, reordered
-    md = "\n".join(league_report.claims_table({"recipes": recipes}))
+    md = "\n".join(league_results.claims_table({"recipes": recipes}))
     assert "| XLCo adds to MMLM + TLM | InfoXLM Table 7" in md and "infoxlm vs xlm" in md
     assert md.count("\n| ") == len(results) + 1  # the header and one row per result
 
@@ -328,7 +333,7 @@ def test_the_xlme_generator_is_a_truncated_copy_of_the_base():
     disc = base.replace(position_type="both")
     encoder = nn.meta.unbox(Transformer(base).init(jax.random.PRNGKey(1),
                                                    jnp.ones((1, 8), jnp.int32))["params"])
-    obj = league_xlme.generator_from_encoder(
+    obj = xlme_generator.generator_from_encoder(
         Transformer(disc), "mrtd", rtd=lambda model, name: xlme.ReplacedTokenDetection(
             model, name, generator_layers=2))
     modules = nn.meta.unbox(obj.init_modules(jax.random.PRNGKey(2)))
@@ -354,11 +359,11 @@ def test_the_xlme_generator_is_a_truncated_copy_of_the_base():
 
 
 def test_help_lists_every_flag_with_its_default(capsys):
-    assert league.main(["--help"]) == 0
+    assert league_cli.main(["--help"]) == 0
     text = capsys.readouterr().out
     for flag, default in (("--recipes", ",".join(league_plan.RECIPES)), ("--seeds", "3"),
-                          ("--base_steps", str(league.DEFAULT_BASE_STEPS)),
-                          ("--budget_tflop", f"{league.DEFAULT_BUDGET_TFLOP}"),
+                          ("--base_steps", str(runner.DEFAULT_BASE_STEPS)),
+                          ("--budget_tflop", f"{runner.DEFAULT_BUDGET_TFLOP}"),
                           ("--out", "league_output")):
         assert flag in text
         assert f"(default: {default})" in " ".join(text.split()), flag

@@ -1,12 +1,12 @@
-"""`xlm_jax.compile.report` and `targets`: pure functions, checked against hand-computed values
-(no compiling)."""
+"""`xlm_jax.accelerator.compile.fit_report` and `targets`: pure functions, checked against
+hand-computed values (no compiling)."""
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
 
-from xlm_jax.compile import report, targets
+from xlm_jax.accelerator.compile import fit_report as report, targets
 
 
 @dataclasses.dataclass

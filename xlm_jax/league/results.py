@@ -1,7 +1,7 @@
 """The objective league's outputs: league.json, league.md (the table) and league.png.
 
-`league_json` gathers the base's scores and every finished cell's (xlm_jax/league.py), with each
-recipe's mean and standard deviation over its seeds (numpy's `std`, ddof 0, as
+`league_json` gathers the base's scores and every finished cell's (xlm_jax/league/runner.py), with
+each recipe's mean and standard deviation over its seeds (numpy's `std`, ddof 0, as
 `xlm_jax.finetune`'s results); `write_all` writes the three files (atomically: a kill leaves
 the previous version). Rewritten after every cell, so a running league always has a partial
 table. `claims_table` tests the papers' claims (`CLAIMS`) each against its matching baseline
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from xlm_jax import league_plan as plan
+from xlm_jax.league import plan
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
@@ -343,7 +343,7 @@ def plot(league: dict[str, Any], path: str) -> None:
 
 def write_all(out: str, league: dict[str, Any]) -> None:
     """league.json, league.md and league.png in `out`, each written atomically."""
-    from xlm_jax.league_score import write_json_atomic
+    from xlm_jax.league.score import write_json_atomic
 
     write_json_atomic(os.path.join(out, "league.json"), league)
     tmp = os.path.join(out, f"league.md.tmp{os.getpid()}")

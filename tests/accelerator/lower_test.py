@@ -1,4 +1,5 @@
-"""`python -m xlm_jax.lower`: the trainer's sharded step lowered for CUDA and TPU from a CPU.
+"""`python -m xlm_jax.accelerator.lower`: the trainer's sharded step lowered for CUDA and TPU from a
+CPU.
 
 Each run goes through the CLI's `main` in a fresh process (the CLI sets up its own fake
 devices); the runs of `make test` that lower share one process (`tests/testlib/lower_many.py`:
@@ -35,8 +36,8 @@ def _cli_env() -> dict[str, str]:
 
 
 def _lower(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "xlm_jax.lower", *args], capture_output=True,
-                          text=True, cwd=REPO, env=_cli_env(), timeout=600)
+    return subprocess.run([sys.executable, "-m", "xlm_jax.accelerator.lower", *args],
+                          capture_output=True, text=True, cwd=REPO, env=_cli_env(), timeout=600)
 
 
 # The families at depth 2 (every layer lowers to the same kernels; each unrolled layer adds
