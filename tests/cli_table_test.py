@@ -3,6 +3,7 @@
 table is in docs/NOTES.md ("CLI table"), checked here against this one."""
 import concurrent.futures
 import os
+import re
 import subprocess
 import sys
 
@@ -33,6 +34,12 @@ TABLE = [
     ("xlm_jax.data.train_spm", "bad value", ["--input_dir", "/nonexistent/corpus",
                                              "--model_prefix", "/nonexistent/spm"], 2,
      "train_spm: error: --input_dir '/nonexistent/corpus' is not a directory"),
+    ("xlm_jax.data.prepare", "no args", [], 2, "python -m xlm_jax.data.prepare: error: the "
+     "following arguments are required: --tasks, --output_dir (--help lists every flag)"),
+    ("xlm_jax.data.prepare", "bad value", ["--tasks", "no_such_task", "--output_dir",
+                                           "/nonexistent/prepared"], 2,
+     "prepare: --tasks 'no_such_task' names no registered task or mixture (did --module import "
+     "the module that registers it?)"),
     ("xlm_jax.evaluation.retrieval", "no args", [], 2, "python -m xlm_jax.evaluation.retrieval: "
      "error: the following arguments are required: --checkpoint, --tatoeba_dir, --layer, "
      "--output_json (--help lists every flag)"),
@@ -166,6 +173,16 @@ def markdown() -> str:
             cells.append(f"{shown}{args}: {row[4]}".replace("|", "\\|"))
         out.append(f"| `{m}` | " + " | ".join(cells) + " |")
     return "\n".join(out)
+
+
+def test_every_command_the_readme_names_is_a_row():
+    """README's commands (`python -m xlm_jax...`) are all in the table: each answers --help,
+    a moved one from its new name and its old one (MOVED_ROWS)."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    named = set(re.findall(r"python -m (xlm_jax[\w.]*)", readme))
+    assert len(named) > 15, named
+    rows = {row[0] for row in ROWS + MOVED_ROWS if row[1].startswith("--help")}
+    assert named <= rows, sorted(named - rows)
 
 
 def test_notes_hold_the_same_table():
