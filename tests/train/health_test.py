@@ -169,7 +169,8 @@ def test_the_cli_warns_and_its_last_lines_list_the_checks(tmp_path):
     lines = r.stdout.splitlines()
     assert lines[-2].startswith("health: 2 of 4 checks fired: mmlm/accuracy=")
     assert "(step 15), tlm/accuracy=" in lines[-2]
-    assert lines[-1].startswith("done: 20 steps")
+    assert lines[-1] == (f"done: 20 steps in {model_dir}; 2 health check(s) fired (the line "
+                         "above)")
 
 
 # ---------------------------------------------------------------- the checker, fed values

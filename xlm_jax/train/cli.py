@@ -286,8 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result.preempted:
         print(f"preempted: stopped at step {result.final_step} with a checkpoint in "
               f"{result.model_dir}; run the same command to resume")
-    else:
-        print(f"done: {result.final_step} steps in {result.model_dir}")
+    else:  # the last line a user reads says whether a health check fired (listed above it)
+        fired = result.health.fired if result.health is not None else ()
+        alarm = f"; {len(fired)} health check(s) fired (the line above)" if fired else ""
+        print(f"done: {result.final_step} steps in {result.model_dir}{alarm}")
     return 0
 
 

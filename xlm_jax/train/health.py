@@ -8,7 +8,8 @@ plain `done:` line. Each objective declares what "not learning" looks like in it
 thresholds (`HealthConfig`) and evaluates the checks (`Monitor`) on the metrics the trainer
 reads anyway (`train.actions.CheckHealth`: no device read of its own). A check that fires logs
 one WARNING naming the metric, its value, what it means and the first knob to try, and is not
-evaluated again; the run's last line lists every check that fired (`HealthReport.summary`).
+evaluated again; the run's last line lists every check that fired (`HealthReport.summary`), and
+the CLI's `done:` line after it says how many did.
 
 What the checks read: each check's metric as the mean over a window of `window_steps` of its
 objective's steps (an objective of an alternating mixture reports only on its own steps), and
