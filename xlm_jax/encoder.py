@@ -40,6 +40,12 @@ from xlm_jax.models.transformer import Transformer, default_positions
 # so another value would change the demo's numbers. It also keeps the padded widths, and so
 # the evaluation, cheap. Pass `max_length=` (up to `config.max_sequence_length`) for long text.
 DEFAULT_MAX_LENGTH = 128
+# What `hidden_states(..., layer_norm=)` returns below the last layer of a pre-LN model: its raw
+# residual stream ("none", what HF's `output_hidden_states` returns for such a model: only the
+# last state has passed the final LayerNorm), or each state through the model's final LayerNorm
+# ("final": the states XLCo's `layer_norm="final"` trains at its universal layer). A post-LN
+# model's states are normalised in every layer already, so it takes "none" only.
+LAYER_NORMS = ("none", "final")
 
 
 @dataclasses.dataclass
@@ -61,15 +67,30 @@ class Encoder:
 
     @functools.cached_property
     def _forward(self):
-        model = self._model
+        return self._forward_with("none")
 
-        @jax.jit
-        def forward(params, input_ids, attention_mask, lang_ids):
-            out = model.apply({"params": params}, input_ids, attention_mask=_visibility(attention_mask),
-                              positions=default_positions(attention_mask), lang_ids=lang_ids,
-                              return_hidden_states=True, method=Transformer.encode)
-            return jnp.stack(out.hidden_states)
-        return forward
+    @functools.cached_property
+    def _forward_final_norm(self):
+        return self._forward_with("final")
+
+    def _forward_with(self, layer_norm: str):
+        def fn(mdl, ids, m, lang_ids):
+            out = mdl.encode(ids, attention_mask=_visibility(m), positions=default_positions(m),
+                             lang_ids=lang_ids, return_hidden_states=True)
+            states = list(out.hidden_states)
+            if layer_norm == "final":  # the last state has passed final_norm already
+                states = [mdl.final_norm(h) for h in states[:-1]] + states[-1:]
+            return jnp.stack(states)
+
+        return jax.jit(lambda p, i, m, l: self._model.apply({"params": p}, i, m, l, method=fn))
+
+    def check_layer_norm(self, layer_norm: str) -> None:
+        """A ValueError naming the value unless this model takes it (`LAYER_NORMS`)."""
+        if layer_norm not in LAYER_NORMS:
+            raise ValueError(f"layer_norm={layer_norm!r} must be one of {', '.join(LAYER_NORMS)}")
+        if layer_norm == "final" and self.config.ln_style != "pre":
+            raise ValueError(f"layer_norm='final' is for pre-LN models; {self.path} is "
+                             f"{self.config.ln_style}-LN, whose states are normalised already")
 
     @property
     def has_language_embeddings(self) -> bool:
@@ -122,14 +143,17 @@ class Encoder:
                              f"of {self.path} (max {limit} tokens)")
 
     def hidden_states(self, input_ids: Any, attention_mask: Any | None = None,
-                      lang_ids: Any | None = None) -> np.ndarray:
+                      lang_ids: Any | None = None, layer_norm: str = "none") -> np.ndarray:
         """Hidden states of every layer, numpy [num_layers + 1, B, T, D] (0 = embeddings).
 
         `lang_ids` ([B, T] ints, see `lang_ids_for`) are required by a model with language
         embeddings and ignored by one without (its states do not depend on the language).
+        `layer_norm` ("none" or "final", pre-LN models only): see `LAYER_NORMS`.
         """
+        self.check_layer_norm(layer_norm)
         input_ids, mask, lang_ids = self._inputs(input_ids, attention_mask, lang_ids)
-        return np.asarray(self._forward(self.params, input_ids, mask, lang_ids))
+        forward = self._forward_final_norm if layer_norm == "final" else self._forward
+        return np.asarray(forward(self.params, input_ids, mask, lang_ids))
 
     def mlm_logits(self, input_ids: Any, attention_mask: Any | None = None,
                    lang_ids: Any | None = None) -> np.ndarray:
@@ -188,17 +212,17 @@ class Encoder:
 
     def embed(self, sentences: Sequence[str], layer: int = 8, pool: str = "mean",
               batch_size: int = 32, max_length: int | None = None,
-              lang: str | None = None) -> np.ndarray:
+              lang: str | None = None, layer_norm: str = "none") -> np.ndarray:
         """Sentence vectors [N, D] (float32): `layer`'s hidden states pooled by
         `heads.pool` (`mean` over real tokens or `cls`). `layer` counts like `hidden_states`
         (0 = embeddings, num_layers = last). `embed_layers` of one layer: see there for
-        `max_length` (default `default_max_length`), batching and `lang`."""
+        `max_length` (default `default_max_length`), batching, `lang` and `layer_norm`."""
         return self.embed_layers(sentences, [layer], pool=pool, max_length=max_length,
-                                 batch_size=batch_size, lang=lang)[0]
+                                 batch_size=batch_size, lang=lang, layer_norm=layer_norm)[0]
 
     def embed_layers(self, sentences: Sequence[str], layers: Sequence[int], pool: str = "mean",
                      max_length: int | None = None, batch_size: int = 32,
-                     lang: str | None = None) -> np.ndarray:
+                     lang: str | None = None, layer_norm: str = "none") -> np.ndarray:
         """Sentence vectors of several layers from ONE forward pass per batch:
         float32 [len(layers), N, D], each layer's hidden states pooled by `heads.pool`.
 
@@ -209,7 +233,7 @@ class Encoder:
         computed; padding does not change the real tokens' states (keys are masked, positions
         count real tokens only), and a short last batch is filled with empty sentences so that
         the row count stays fixed. `lang` is the sentences' language code, required by (and
-        only used for) a model with language embeddings.
+        only used for) a model with language embeddings. `layer_norm`: as in `hidden_states`.
         """
         if isinstance(sentences, str):
             raise TypeError("embed expects a sequence of sentences, got a single str")
@@ -230,6 +254,7 @@ class Encoder:
             raise ValueError(f"max_length={max_length} exceeds the position table of "
                              f"{self.path} (max {limit} tokens)")
         self._model_lang_id(lang)  # a missing or unknown language fails before any work
+        self.check_layer_norm(layer_norm)
         n = len(sentences)
         out = np.zeros((len(layers), n, self.config.hidden_size), np.float32)
         if n == 0:
@@ -243,7 +268,7 @@ class Encoder:
             width = min(max_length, max(8, _next_pow2(int(lengths[idx].max()))))
             texts = [sentences[i] for i in idx] + [""] * (rows - len(idx))
             ids, mask = tok.encode_batch(texts, width)
-            hidden = self.hidden_states(ids, mask, self.lang_ids_for(lang, mask))
+            hidden = self.hidden_states(ids, mask, self.lang_ids_for(lang, mask), layer_norm)
             for k, layer in enumerate(layers):
                 # heads.pool on the host's numpy arrays, in float32 (states may be bfloat16)
                 vecs = pool_fn(hidden[layer].astype(np.float32, copy=False), mask, pool)

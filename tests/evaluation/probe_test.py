@@ -87,7 +87,7 @@ class _FakeEncoder:
                                    "hidden_size": len(next(iter(self.vectors.values())))})()
 
     def embed_layers(self, sentences, layers, pool="mean", max_length=None, batch_size=64,
-                     lang=None):
+                     lang=None, layer_norm="none"):
         self.calls.extend(sentences)
         return np.stack([self.vectors[s] for s in sentences])[None].repeat(len(layers), 0)
 

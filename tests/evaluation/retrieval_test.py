@@ -91,7 +91,7 @@ def spm_path(tmp_path_factory, train_xlmr_spm):
     return train_xlmr_spm(text, d / "spm", 80, model_type="unigram", character_coverage=1.0)
 
 
-def _tiny_model(spm_path: str, num_languages: int = 0):
+def _tiny_model(spm_path: str, num_languages: int = 0, ln_style: str = "post"):
     """A tiny random model for `spm_path`'s vocabulary: (config, numpy params)."""
     import flax.linen as nn
     import sentencepiece as spm
@@ -102,7 +102,7 @@ def _tiny_model(spm_path: str, num_languages: int = 0):
     size = spm.SentencePieceProcessor(model_file=spm_path).get_piece_size()
     cfg = ModelConfig(vocab_size=size + 2, hidden_size=16, num_layers=2, num_heads=2, mlp_dim=32,
                       max_positions=42, dropout_rate=0.0, attention_dropout_rate=0.0,
-                      num_languages=num_languages)
+                      num_languages=num_languages, ln_style=ln_style)
     ids = np.full((1, 4), 5, np.int32)
     kw = {"lang_ids": np.ones_like(ids)} if num_languages else {}
     params = nn.meta.unbox(Transformer(cfg).init(jax.random.PRNGKey(0), ids, **kw)["params"])
@@ -213,9 +213,9 @@ def test_all_layers_cost_one_forward_pass(encoder, tatoeba_dir, monkeypatch):
     seen = []
     real = encoder.hidden_states
 
-    def counting(ids, mask=None, lang_ids=None):
+    def counting(ids, mask=None, lang_ids=None, layer_norm="none"):
         seen.append(np.asarray(ids).shape)
-        return real(ids, mask, lang_ids)
+        return real(ids, mask, lang_ids, layer_norm)
 
     monkeypatch.setattr(encoder, "hidden_states", counting)
     retrieval.evaluate(encoder, tatoeba_dir, 0, max_length=32, batch_size=64)
@@ -226,6 +226,43 @@ def test_all_layers_cost_one_forward_pass(encoder, tatoeba_dir, monkeypatch):
     # 24 distinct strings: the 12 English ones (aa's both sides and bb's English side) embedded
     # once, and bb's 12 reversed ones; each group is one batch padded to 16 rows.
     assert sum(shape[0] for shape in seen) == 32
+
+
+def test_final_layer_norm_states_are_numpys_layer_norm_below_the_last_layer(spm_path, spm_dir,
+                                                                             tatoeba_dir, encoder):
+    """`layer_norm="final"` on a pre-LN model: every state below the last is the raw state
+    through the final LayerNorm (numpy: (x - mean) / sqrt(var + eps) * scale + bias), the last
+    is unchanged (it has passed it already), and retrieval scores those states; a post-LN
+    model and an unknown value are one-line errors raised before anything is embedded."""
+    from xlm_jax.encoder import Encoder
+
+    cfg, params = _tiny_model(spm_path, ln_style="pre")
+    params["final_norm"]["scale"] = np.linspace(0.5, 1.5, cfg.hidden_size, dtype=np.float32)
+    params["final_norm"]["bias"] = np.linspace(-0.1, 0.1, cfg.hidden_size, dtype=np.float32)
+    enc = Encoder(cfg, params, spm_dir)
+    ids, mask = enc.tokenizer.encode_batch(ENGLISH[:4], 16)
+    raw, normed = enc.hidden_states(ids, mask), enc.hidden_states(ids, mask, layer_norm="final")
+    mean = raw.mean(-1, keepdims=True)
+    var = ((raw - mean) ** 2).mean(-1, keepdims=True)
+    want = ((raw - mean) / np.sqrt(var + cfg.layer_norm_eps) * params["final_norm"]["scale"]
+            + params["final_norm"]["bias"])
+    np.testing.assert_allclose(normed[:-1], want[:-1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(normed[-1], raw[-1])
+    assert np.abs(normed[1] - raw[1]).max() > 0.1  # the option changes what is scored
+
+    res = retrieval.evaluate(enc, tatoeba_dir, "all", max_length=32, layer_norm="final")
+    bb = [" ".join(reversed(s.split())) for s in ENGLISH]
+    src = enc.embed(bb, layer=1, max_length=32, layer_norm="final")
+    eng = enc.embed(ENGLISH, layer=1, max_length=32, layer_norm="final")
+    assert res.per_layer_language[1]["bb"].src_to_eng == pytest.approx(_brute_force(src, eng))
+    assert res.to_json()["layer_norm"] == "final"
+    assert retrieval.RetrievalResult.from_json(res.to_json()).layer_norm == "final"
+
+    with pytest.raises(ValueError, match=r"layer_norm='final' is for pre-LN models; .* is "
+                                         r"post-LN, whose states are normalised already"):
+        retrieval.evaluate(encoder, tatoeba_dir, "all", layer_norm="final")
+    with pytest.raises(ValueError, match=r"layer_norm='last' must be one of none, final"):
+        enc.hidden_states(ids, mask, layer_norm="last")
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -374,11 +411,11 @@ def test_evaluate_language_model_embeds_each_side_in_its_language(lang_model, la
     seen = []  # (real tokens, language id) of every row the model ran on
     real = enc.hidden_states
 
-    def recording(ids, mask=None, lang_ids=None):
+    def recording(ids, mask=None, lang_ids=None, layer_norm="none"):
         for row, m, lang in zip(np.asarray(ids), np.asarray(mask, bool), np.asarray(lang_ids)):
             assert not lang[~m].any() and len(set(lang[m])) == 1  # one language, 0 on padding
             seen.append((tuple(row[m]), int(lang[m][0])))
-        return real(ids, mask, lang_ids)
+        return real(ids, mask, lang_ids, layer_norm)
 
     monkeypatch.setattr(enc, "hidden_states", recording)
     res = retrieval.evaluate(enc, lang_tatoeba_dir, "all", max_length=32, batch_size=8)

@@ -37,16 +37,16 @@ def uses_languages(encoder: Any) -> bool:
 
 def embed_layers(encoder: Any, sentences: Sequence[str], layers: Sequence[int], pool: str = "mean",
                  max_length: int | None = None, batch_size: int = 64,
-                 lang: str | None = None) -> np.ndarray:
+                 lang: str | None = None, layer_norm: str = "none") -> np.ndarray:
     """Pooled sentence vectors of several layers from one forward pass: [len(layers), N, D].
 
     `encoder.embed_layers` (`xlm_jax.encoder.Encoder`), the one sentence-embedding path that
     `Encoder.embed` takes too; `max_length` None is its default (`DEFAULT_MAX_LENGTH`, capped
     at the model's position table). `lang` is the sentences' language, required by a model
-    with language embeddings and ignored otherwise.
+    with language embeddings and ignored otherwise. `layer_norm`: `Encoder.hidden_states`'s.
     """
     return encoder.embed_layers(sentences, layers, pool=pool, max_length=max_length,
-                                batch_size=batch_size, lang=lang)
+                                batch_size=batch_size, lang=lang, layer_norm=layer_norm)
 
 
 def check_layer(layer: int | str, num_layers: int) -> list[int]:
@@ -64,7 +64,8 @@ def check_layer(layer: int | str, num_layers: int) -> list[int]:
 
 
 def embed_keyed(encoder: Any, keys: Sequence[tuple[str | None, str]], layers: Sequence[int],
-                pool: str, max_length: int | None, batch_size: int) -> np.ndarray:
+                pool: str, max_length: int | None, batch_size: int,
+                layer_norm: str = "none") -> np.ndarray:
     """`embed_layers` of (language, sentence) keys, one run per language (None: a model
     without language embeddings, all in one run): [len(layers), len(keys), D]."""
     out = np.zeros((len(layers), len(keys), encoder.config.hidden_size), np.float32)
@@ -73,7 +74,7 @@ def embed_keyed(encoder: Any, keys: Sequence[tuple[str | None, str]], layers: Se
         by_lang.setdefault(lang, []).append(i)
     for lang, idx in by_lang.items():
         out[:, idx] = embed_layers(encoder, [keys[i][1] for i in idx], layers, pool, max_length,
-                                   batch_size, lang=lang)
+                                   batch_size, lang=lang, layer_norm=layer_norm)
     return out
 
 

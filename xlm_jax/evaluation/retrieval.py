@@ -72,7 +72,7 @@ class RetrievalResult:
 
     `layer` is the layer asked for (an int, or "all"); `reported_layer` the one whose scores
     fill `per_language`/`average` (the best layer for "all"). `per_layer_language` keeps the
-    scores of every evaluated layer.
+    scores of every evaluated layer; `layer_norm` the states they pooled (`Encoder.hidden_states`).
     """
 
     layer: int | str
@@ -81,6 +81,7 @@ class RetrievalResult:
     per_layer_language: dict[int, dict[str, LanguageScore]]
     checkpoint: str | None = None
     step: int | None = None
+    layer_norm: str = "none"
 
     @property
     def average(self) -> float:
@@ -104,7 +105,7 @@ class RetrievalResult:
             "layer": self.layer, "reported_layer": self.reported_layer, "average": self.average,
             "per_language": {lang: s.to_json(lang)
                              for lang, s in sorted(self.per_language.items())},
-            "checkpoint": self.checkpoint, "step": self.step,
+            "checkpoint": self.checkpoint, "step": self.step, "layer_norm": self.layer_norm,
         }
         if self.layer == "all":
             out["per_layer"] = {str(k): v for k, v in self.per_layer.items()}
@@ -151,7 +152,7 @@ class RetrievalResult:
             per_layer_language[int(k)] = scores(v, f"per_layer_language[{k!r}]")
         return cls(layer=layer, reported_layer=reported, per_language=per_language,
                    per_layer_language=per_layer_language, checkpoint=data.get("checkpoint"),
-                   step=data.get("step"))
+                   step=data.get("step"), layer_norm=data.get("layer_norm", "none"))
 
     @classmethod
     def load(cls, path: str) -> "RetrievalResult":
@@ -241,7 +242,8 @@ def read_pair(tatoeba_dir: str, lang: str) -> TatoebaPair:
 def evaluate(encoder: Any, tatoeba_dir: str, layers: int | str | Sequence[int] = "all",
              languages: Sequence[str] | None = None, pool: str = "mean",
              max_length: int | None = None, batch_size: int = 64,
-             checkpoint: str | None = None, step: int | None = None) -> RetrievalResult:
+             checkpoint: str | None = None, step: int | None = None,
+             layer_norm: str = "none") -> RetrievalResult:
     """Scores Tatoeba retrieval for `encoder` (an `xlm_jax.encoder.Encoder`).
 
     `layers` is one layer, "all", or a list of layers (several are reported like "all", over
@@ -250,8 +252,11 @@ def evaluate(encoder: Any, tatoeba_dir: str, layers: int | str | Sequence[int] =
     gets the language of each side (xx, and `en` for English; see the module docstring); a
     language missing from its language list is a ValueError naming it, raised before any
     sentence is embedded. `pool`, `max_length` (None: `DEFAULT_MAX_LENGTH`, capped at the
-    model's position table) and `batch_size` go to `Encoder.embed_layers`.
+    model's position table), `batch_size` and `layer_norm` ("none": a pre-LN model's raw
+    residual states below the last layer; "final": those states through its final LayerNorm)
+    go to `Encoder.embed_layers`.
     """
+    encoder.check_layer_norm(layer_norm)
     num_layers = encoder.config.num_layers
     if isinstance(layers, (int, str)):
         layer_list = check_layer(layers, num_layers)
@@ -295,13 +300,15 @@ def evaluate(encoder: Any, tatoeba_dir: str, layers: int | str | Sequence[int] =
         for k in keys(pair):
             counts[k] = counts.get(k, 0) + 1
     shared = [k for k, c in counts.items() if c > 1]
-    shared_vecs = embedding.embed_keyed(encoder, shared, layer_list, pool, max_length, batch_size)
+    shared_vecs = embedding.embed_keyed(encoder, shared, layer_list, pool, max_length, batch_size,
+                                        layer_norm)
     shared_at = {k: i for i, k in enumerate(shared)}
     per_layer_language: dict[int, dict[str, LanguageScore]] = {l: {} for l in layer_list}
     for pair in pairs:
         # Each distinct key is embedded once (an identical key gets the identical vector).
         own = [k for k in keys(pair) if k not in shared_at]
-        own_vecs = embedding.embed_keyed(encoder, own, layer_list, pool, max_length, batch_size)
+        own_vecs = embedding.embed_keyed(encoder, own, layer_list, pool, max_length, batch_size,
+                                         layer_norm)
         own_at = {k: i for i, k in enumerate(own)}
 
         def lookup(lang: str | None, sentences: list[str]) -> np.ndarray:
@@ -320,7 +327,7 @@ def evaluate(encoder: Any, tatoeba_dir: str, layers: int | str | Sequence[int] =
                 retrieval_accuracy(src, eng), retrieval_accuracy(eng, src), len(pair.src))
     result = RetrievalResult(layer=layer_spec, reported_layer=layer_list[0], per_language={},
                              per_layer_language=per_layer_language, checkpoint=checkpoint,
-                             step=step)
+                             step=step, layer_norm=layer_norm)
     result.reported_layer = result.best_layer if layer_spec == "all" else layer_list[0]
     result.per_language = per_layer_language[result.reported_layer]
     return result
@@ -411,6 +418,7 @@ def layer_table(result: RetrievalResult) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from xlm_jax.cli_help import HelpFormatter
+    from xlm_jax.encoder import LAYER_NORMS
 
     p = cli_help.Parser(prog="python -m xlm_jax.evaluation.retrieval",
                         description=__doc__.split("\n\n")[1],
@@ -429,6 +437,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="tokens per sentence with <s> and </s>, longer ones truncated (default: "
                         "xlm_jax.encoder.DEFAULT_MAX_LENGTH, capped at the model's positions)")
     p.add_argument("--batch_size", type=int, default=64, help="sentences per forward pass")
+    p.add_argument("--layer_norm", default="none", choices=LAYER_NORMS,
+                   help="a pre-LN model's states below the last layer: raw ('none', as HF "
+                        "returns them) or through the final LayerNorm ('final', the state XLCo "
+                        "trains with its layer_norm='final')")
     p.add_argument("--language_list", default=None,
                    help="lang_ids table of a model with language embeddings: comma-separated "
                         "codes or a file with one per line (default: the data registry's list)")
@@ -446,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         result = evaluate(encoder, args.tatoeba_dir, args.layer, languages, pool=args.pool,
                           max_length=args.max_length, batch_size=args.batch_size,
                           checkpoint=os.path.abspath(args.checkpoint),
-                          step=embedding.resolve_step(args.checkpoint, args.step))
+                          step=embedding.resolve_step(args.checkpoint, args.step),
+                          layer_norm=args.layer_norm)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
