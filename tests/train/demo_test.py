@@ -17,8 +17,8 @@ from tests.testlib import cli_run
 
 LANGS = ("de", "fr", "nl")
 SMALL = """
-import xlm_jax.league.plan as league_plan
-league_plan.LeagueConfig.shared_bindings = [
+import xlm_jax.league.plan
+LeagueConfig.shared_bindings = [
     'NUM_LAYERS = 1', 'HIDDEN_SIZE = 32', 'NUM_HEADS = 2', 'MLP_DIM = 64', 'SEQ_LEN = 32',
     'BATCH_SIZE = 8']
 """

@@ -193,5 +193,5 @@ def test_bench_without_torch_skips_the_comparison_with_a_note(installed):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
     assert lines[-2].startswith("xlm_jax  : step"), r.stdout
-    assert lines[-1] == ("torch/HF : skipped (torch and transformers not installed; "
-                         "--no_torch silences this)"), r.stdout
+    assert lines[-1] == ("torch/HF : skipped (torch and transformers not installed); "
+                         "--no_torch silences this"), r.stdout
