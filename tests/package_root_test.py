@@ -129,6 +129,5 @@ def test_an_old_name_forwards_to_the_new_module_with_one_warning(monkeypatch):
     finally:
         cli_help._MOVED_LOG.removeHandler(handler)
     assert [(r.levelno, r.getMessage()) for r in records] == [(
-        logging.WARNING, "`python -m xlm_jax.pod_memory` has moved to "
-        "`python -m xlm_jax.accelerator.pod_memory`; the old name is removed in the release "
-        "after 0.2")]
+        logging.WARNING, "`xlm_jax.pod_memory` has moved to `xlm_jax.accelerator.pod_memory`; "
+        "the old name is removed in the release after 0.2")]

@@ -177,10 +177,10 @@ _MOVED_LOG = logging.getLogger("xlm_jax.moved")
 _warned: set[str] = set()
 
 
-def warn_moved(old: str) -> None:
-    """The one WARNING (per process and name) that `old` moved, naming its new command. It has
-    its own stderr handler, so it shows before the command configures any logging and does not
-    configure logging for it."""
+def warn_moved(old: str, command: bool = True) -> None:
+    """The one WARNING (per process and name) that `old` moved, naming the new command (or,
+    `command=False`, the new module an import reached). It has its own stderr handler, so it
+    shows before the command configures any logging and does not configure logging for it."""
     if old in _warned:
         return
     _warned.add(old)
@@ -189,8 +189,9 @@ def warn_moved(old: str) -> None:
         handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
         _MOVED_LOG.addHandler(handler)
         _MOVED_LOG.propagate = False
-    _MOVED_LOG.warning("`python -m %s` has moved to `python -m %s`; the old name is removed "
-                       "in the release after 0.2", old, MOVED[old])
+    form = "`python -m {}`" if command else "`{}`"
+    _MOVED_LOG.warning("%s has moved to %s; the old name is removed in the release after 0.2",
+                       form.format(old), form.format(MOVED[old]))
 
 
 def run_moved(old: str) -> None:
@@ -206,7 +207,7 @@ def moved_getattr(old: str) -> Callable[[str], Any]:
     def __getattr__(name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        warn_moved(old)
+        warn_moved(old, command=False)
         return getattr(importlib.import_module(MOVED[old]), name)
 
     return __getattr__
