@@ -11,7 +11,7 @@ rules, optimiser, abstract state, the jitted step with donated state, the batche
 on the target's compile-only devices (`targets`), with the attention kernels of the target's
 platform, compiles it, and reports per device the memory XLA assigned against the device's
 memory, XLA's FLOPs beside ours, the collectives, the kernel calls and the compile time
-(`report`).
+(`fit_report`).
 
 Exit status: 0 compiled and fits; 1 does not compile, or does not fit (one line: by how much
 and the first knob to turn); 2 a bad flag, target or mesh, or the runtime for the target is
@@ -50,7 +50,7 @@ def compile_run(gin_files: Sequence[str], bindings: Sequence[str], target: targe
                 depth: int | None = None, attention_backend: str | None = None,
                 collectives: bool = True) -> dict[str, Any]:
     """Compiles the run files' train step for `target` and returns the report (a dict, see
-    `report.format_report`). `prepare_environment(target)` must have run before jax started.
+    `fit_report.format_report`). `prepare_environment(target)` must have run before jax started.
     Raises TargetError / LowerError for bad settings (before compiling); a compile error is
     reported in the dict (`error`), not raised."""
     import jax
@@ -182,7 +182,7 @@ def _no_persistent_cache() -> Iterator[None]:
 
 def _argument_bytes(args: Any, compiled: Any) -> int:
     """Bytes per device of the step's arguments (state, batches, rng) from their shard shapes
-    in the executable's input layouts (`report.padded_bytes`): what XLA's `argument` should
+    in the executable's input layouts (`fit_report.padded_bytes`): what XLA's `argument` should
     equal, a check of the memory report against the step's own shapes. Arguments the step
     never reads (a batch field no objective uses) have no format: jit prunes them, and XLA
     counts no bytes for them."""
