@@ -67,14 +67,9 @@ class Encoder:
 
     @functools.cached_property
     def _forward(self):
-        return self._forward_with("none")
-
-    @functools.cached_property
-    def _forward_final_norm(self):
-        return self._forward_with("final")
-
-    def _forward_with(self, layer_norm: str):
-        def fn(mdl, ids, m, lang_ids):
+        """The jitted forward pass to every layer's states; `layer_norm` is static (one
+        compilation per value used)."""
+        def fn(mdl, ids, m, lang_ids, layer_norm):
             out = mdl.encode(ids, attention_mask=_visibility(m), positions=default_positions(m),
                              lang_ids=lang_ids, return_hidden_states=True)
             states = list(out.hidden_states)
@@ -82,7 +77,8 @@ class Encoder:
                 states = [mdl.final_norm(h) for h in states[:-1]] + states[-1:]
             return jnp.stack(states)
 
-        return jax.jit(lambda p, i, m, l: self._model.apply({"params": p}, i, m, l, method=fn))
+        return jax.jit(lambda p, i, m, l, layer_norm: self._model.apply(
+            {"params": p}, i, m, l, layer_norm, method=fn), static_argnames="layer_norm")
 
     def check_layer_norm(self, layer_norm: str) -> None:
         """A ValueError naming the value unless this model takes it (`LAYER_NORMS`)."""
@@ -152,8 +148,8 @@ class Encoder:
         """
         self.check_layer_norm(layer_norm)
         input_ids, mask, lang_ids = self._inputs(input_ids, attention_mask, lang_ids)
-        forward = self._forward_final_norm if layer_norm == "final" else self._forward
-        return np.asarray(forward(self.params, input_ids, mask, lang_ids))
+        return np.asarray(self._forward(self.params, input_ids, mask, lang_ids,
+                                        layer_norm=layer_norm))
 
     def mlm_logits(self, input_ids: Any, attention_mask: Any | None = None,
                    lang_ids: Any | None = None) -> np.ndarray:
