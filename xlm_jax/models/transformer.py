@@ -65,6 +65,36 @@ def default_positions(valid: Array) -> Array:
     return jnp.where(valid, jnp.cumsum(valid.astype(jnp.int32), axis=-1) - 1, 0)
 
 
+@jax.custom_vjp
+def take_rows(table: Array, ids: Array) -> Array:
+    """`jnp.take(table, ids, axis=0)` whose table gradient is summed in float32.
+
+    The gradient of a lookup is a scatter-add of the [..., D] cotangent into a zeroed table.
+    In bf16 (the compute dtype of the accelerator run files) XLA:GPU adds with bf16 atomics,
+    which serialise on the rows many tokens share (padding, punctuation): on an H100 the
+    base step's 250k-row scatter took 28 ms of a 135 ms step (jax 0.11.2, read from its
+    trace). Summed in float32 the atomics are native, and the sum of many bf16 cotangents is
+    rounded once instead of at every add; the forward is unchanged.
+    """
+    return jnp.take(table, ids, axis=0)
+
+
+def _take_rows_fwd(table: Array, ids: Array) -> tuple[Array, tuple[Array, Array]]:
+    # The table itself is not kept: a zero-size array of its dtype and shape stands for it.
+    return jnp.take(table, ids, axis=0), (ids, jnp.zeros((0,) + table.shape, table.dtype))
+
+
+def _take_rows_bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, None]:
+    ids, like = res
+    rows, dim = like.shape[1:]
+    acc = jnp.zeros((rows, dim), jnp.promote_types(like.dtype, jnp.float32))
+    grad = acc.at[ids.reshape(-1)].add(g.reshape(-1, dim).astype(acc.dtype))
+    return grad.astype(like.dtype), None
+
+
+take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
+
+
 class Embeddings(nn.Module):
     """Word + fairseq-offset position + token-type (+ language) embeddings, then LN, dropout."""
 
@@ -101,7 +131,7 @@ class Embeddings(nn.Module):
         if table.num_embeddings == 1:
             out = jnp.broadcast_to(emb, ids.shape + (emb.shape[-1],))
         else:
-            out = jnp.take(emb, ids, axis=0)
+            out = take_rows(emb, ids)
         return constrain(out, ACTIVATION)
 
     def __call__(self, input_ids: Array, positions: Array, valid: Array,
