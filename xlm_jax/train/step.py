@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from xlm_jax.models import layer_stack
+from xlm_jax.models import attention_backends, layer_stack
 from xlm_jax.models.config import VOCAB_PARAMS
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import (ENCODER, ROW_IDS, Batch, LossOutput, Metric, Objective,
@@ -59,7 +59,12 @@ def make_init_fn(model: Transformer, objectives: Sequence[WeightedObjective],
     """Returns `init(rng) -> TrainState` whose params are boxed with logical axis names."""
 
     def init(rng: Array) -> TrainState:
-        params = init_params(model, objectives, seq_len, rng)
+        # The forward pass that flax's `init` traces only shapes the parameters: traced on
+        # the XLA attention path it is dead code XLA removes, where fused kernels (custom
+        # calls) would be compiled for nothing (on an H100, XLM-E's init took 87 s to compile
+        # with its Pallas kernels in it).
+        with attention_backends.reference_math():
+            params = init_params(model, objectives, seq_len, rng)
         opt_state = optimizer.init(params)
         obj_state = init_objective_state(objectives, params)  # boxed params
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
