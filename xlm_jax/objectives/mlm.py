@@ -29,9 +29,20 @@ from xlm_jax.objectives.masking import MaskingConfig, mask_tokens
 
 def masked_lm_sums(logits: jax.Array, target_ids: jax.Array,
                    weights: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Summed cross-entropy and number of correct predictions over weighted slots."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, target_ids[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    """Summed cross-entropy and number of correct predictions over weighted slots.
+
+    nll = logsumexp(logits) - logits[target], the log-softmax at the target, in float32. The
+    target's logit is picked with a compare against a vocabulary iota rather than
+    `take_along_axis`: the gradient of the latter is a scatter into a zeroed [B, P, V] array,
+    which on a GPU cost three extra passes over the 2560 x 250k logits of a base step (a
+    broadcast of zeros, the scatter and a select: 5.6 ms of a 135 ms H100 step, read from its
+    trace), where the compare fuses into the softmax gradient's one elementwise pass.
+    """
+    x = logits.astype(jnp.float32)
+    vocab = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    target = jnp.sum(jnp.where(vocab == target_ids[..., None].astype(jnp.int32), x, 0.0),
+                     axis=-1)
+    nll = jax.nn.logsumexp(x, axis=-1) - target
     correct = (jnp.argmax(logits, axis=-1) == target_ids).astype(jnp.float32)
     return jnp.sum(nll * weights), jnp.sum(correct * weights)
 
