@@ -211,6 +211,9 @@ class Built:
     step_fn: Any  # the jitted train step
     args: tuple[Any, ...]  # (state, batches, rng) as sharded jax.ShapeDtypeStructs
     objs: Any = None  # the step's objectives (step.WeightedObjective), for FLOP counts
+    # non-pad input tokens of step 0's synthetic batches, all objectives (what the benchmark
+    # counts: its tokens/s and MFU are over non-pad tokens)
+    tokens: int = 0
 
 
 def build(mesh_sizes: Mapping[str, int], batch_size: int | None = None,
@@ -243,6 +246,7 @@ def build(mesh_sizes: Mapping[str, int], batch_size: int | None = None,
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         parts.abstract, parts.shardings)
     batches = {}
+    tokens = 0
     for o in objs:
         if o.name not in mixture.running(shapes, 0):
             continue
@@ -251,6 +255,8 @@ def build(mesh_sizes: Mapping[str, int], batch_size: int | None = None,
             f"{streams_lib.SYNTHETIC}{o.objective.kind}", shape.batch_size, shape.seq_len, 0, 0,
             model.vocab_size,
             num_languages=streams_lib.synthetic_language_count(model.num_languages)))
+        tokens += sum(int((v != model.pad_id).sum()) for k, v in first.items()
+                      if k.endswith("input_ids"))
         batches[o.name] = {k: jax.ShapeDtypeStruct(
             v.shape, v.dtype, sharding=partitioning.batch_sharding(mesh, v.ndim))
             for k, v in first.items()}
@@ -258,7 +264,7 @@ def build(mesh_sizes: Mapping[str, int], batch_size: int | None = None,
     step_fn = setup.jit_train_step(objs, parts, mesh, kw["accum_steps"],
                                   kw["loss_normalization"])
     return Built(mesh, rules, model, {n: shapes[n] for n in batches}, parts, step_fn,
-                 (state, batches, rng), objs)
+                 (state, batches, rng), objs, tokens)
 
 
 def measure(built: Built, hlo_out: str | None = None) -> dict[str, Any]:

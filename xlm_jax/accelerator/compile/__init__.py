@@ -48,11 +48,13 @@ def compile_run(gin_files: Sequence[str], bindings: Sequence[str], target: targe
                 seq_len: int | None = None, remat: str | None = None,
                 accum_steps: int | None = None, size: str | None = None,
                 depth: int | None = None, attention_backend: str | None = None,
-                collectives: bool = True) -> dict[str, Any]:
+                collectives: bool = True, keep_hlo: bool = False) -> dict[str, Any]:
     """Compiles the run files' train step for `target` and returns the report (a dict, see
     `fit_report.format_report`). `prepare_environment(target)` must have run before jax started.
     Raises TargetError / LowerError for bad settings (before compiling); a compile error is
-    reported in the dict (`error`), not raised."""
+    reported in the dict (`error`), not raised. With `keep_hlo` the compiled module's
+    optimised HLO text is kept in the report under "optimized_hlo" (the cost model reads it;
+    it is not JSON the CLI writes)."""
     import jax
 
     from xlm_jax.accelerator import lower as lower_lib
@@ -103,6 +105,8 @@ def compile_run(gin_files: Sequence[str], bindings: Sequence[str], target: targe
         "custom_calls": lower_lib.custom_calls(lowered.as_text()),
         "device_memory_bytes": memory.bytes, "device_memory_source": memory.source,
         "state_per_device_bytes": _state(built),
+        # non-pad tokens of the step's synthetic batches (all devices), as the benchmark counts
+        "tokens_per_step": built.tokens,
     }
     if platform == "cuda":  # cuDNN attention was traced for this version (none is installed)
         out["assumed_cudnn_version"] = lower_lib.ASSUMED_CUDNN_VERSION
@@ -140,8 +144,12 @@ def compile_run(gin_files: Sequence[str], bindings: Sequence[str], target: targe
         "flops_per_device": {"xla": float(cost["flops"]) if cost and "flops" in cost else None,
                              "ours": ours / len(devs)},
     })
-    if collectives:  # the compiled HLO's text: minutes for a base model, so printed last
-        out["collectives"] = pod_memory.collectives(compiled.as_text())
+    if collectives or keep_hlo:  # the compiled HLO's text: seconds to minutes to print
+        text = compiled.as_text()
+        if collectives:
+            out["collectives"] = pod_memory.collectives(text)
+        if keep_hlo:
+            out["optimized_hlo"] = text
     return out
 
 
