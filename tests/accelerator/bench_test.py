@@ -92,92 +92,38 @@ def test_table_runs_each_row_in_its_own_process_and_reports_failures(tmp_path, m
     assert md[3].startswith("| broken | base | failed: ") and md[3].count("|") == md[0].count("|")
 
 
-XSPACE = """
-planes {
-  id: 1 name: "/device:GPU:0"
-  lines { id: 1 name: "XLA Modules" events { metadata_id: 9 offset_ps: 0 duration_ps: 9000000 } }
-  lines {
-    id: 2 name: "XLA Ops"
-    events { metadata_id: 1 offset_ps: 0 duration_ps: 3000000 }
-    events { metadata_id: 2 offset_ps: 3000000 duration_ps: 1000000 }
-    events { metadata_id: 1 offset_ps: 4000000 duration_ps: 3000000 }
-    events { metadata_id: 3 offset_ps: 7000000 duration_ps: 2000000 }
-  }
-  event_metadata { key: 1 value { id: 1 name: "cublas_gemm.3" } }
-  event_metadata { key: 2 value { id: 2 name: "loop_add_fusion" } }
-  event_metadata { key: 3 value { id: 3 name: "cudnn-fmha.1" } }
-  event_metadata { key: 9 value { id: 9 name: "jit_train_step" } }
-}
-planes { id: 2 name: "/host:CPU" }
+# The bench as above, reading the trace it wrote as one without op events (as a GPU trace of
+# jax 0.10/0.11 read before profile_summary looked at the kernels' stream lines).
+EMPTY_TRACE = """
+import sys
+for name in ('tensorflow', 'seqio', 'tensorflow_datasets'):
+    sys.modules[name] = None
+from jax.profiler import ProfileData
+from xlm_jax.accelerator import profile_summary
+profile_summary.read_trace = lambda path: ProfileData.from_serialized_xspace(b"")
+from xlm_jax.accelerator.bench import main
+sys.exit(main(sys.argv[1:]))
 """
 
 
-def write_trace(root, xspace: str) -> str:
-    """Writes an XSpace text proto where jax.profiler puts a run's trace under `root`
-    (plugins/profile/RUN/HOST.xplane.pb) and returns `root` for summarize_profile."""
-    from jax.profiler import ProfileData
+def test_profile_without_op_events_exits_1_after_the_figures(tmp_path):
+    """--profile_dir with a trace that holds no op events: the measured step line is printed,
+    then one line naming the trace, exit 1, and no --json file as if the run were whole.
+    (profile_summary_test.py checks what a trace with events prints.)"""
+    import glob
 
-    run = root / "plugins" / "profile" / "2026_01_01"
-    run.mkdir(parents=True)
-    (run / "host.xplane.pb").write_bytes(ProfileData.text_proto_to_serialized_xspace(xspace))
-    return str(root)
-
-
-def test_profile_summary_adds_up_device_op_time(tmp_path):
-    """A GPU trace written by hand (XSpace text proto): per-step times by op kind and by op."""
-    from xlm_jax.accelerator.bench import summarize_profile
-
-    out = summarize_profile(write_trace(tmp_path, XSPACE), steps=2)
-    # ops: gemm 6 us, fusion 1 us, cuDNN 2 us = 9 us over 2 steps (the module line is not an op)
-    assert "device op time per step 0.0 ms" in out, out  # 4.5 us per step
-    lines = out.splitlines()
-    kinds = {ln.split()[0]: ln for ln in lines[1:4]}
-    assert "66.7%" in kinds["matmul"] and "22.2%" in kinds["attention"]
-    assert "11.1%" in kinds["fusion"], out
-    assert lines[5].endswith("cublas_gemm.3") and "66.7%" in lines[5]
-    empty = tmp_path / "none"
-    empty.mkdir()
-    assert "no trace found" in summarize_profile(str(empty), 1)
-
-
-CPU_XSPACE = """
-planes {
-  id: 1 name: "/host:CPU"
-  lines {
-    id: 1 name: "python"
-    events { metadata_id: 4 offset_ps: 0 duration_ps: 90000000 }
-  }
-  lines {
-    id: 2 name: "tf_XLAEigen/17"
-    events { metadata_id: 1 offset_ps: 0 duration_ps: 8000000 }
-    events { metadata_id: 2 offset_ps: 0 duration_ps: 3000000 }
-    events { metadata_id: 3 offset_ps: 3000000 duration_ps: 1000000 }
-  }
-  lines {
-    id: 3 name: "tf_XLAPjRtCpuClient/5"
-    events { metadata_id: 2 offset_ps: 0 duration_ps: 3000000 }
-    events { metadata_id: 5 offset_ps: 3000000 duration_ps: 1000000 }
-  }
-  event_metadata { key: 1 value { id: 1 name: "ThunkExecutor::Execute" } }
-  event_metadata { key: 2 value { id: 2 name: "ynn_fusion.3" } }
-  event_metadata { key: 3 value { id: 3 name: "copy_bitcast_fusion.1" } }
-  event_metadata { key: 4 value { id: 4 name: "$loop.py:498 _fetch" } }
-  event_metadata { key: 5 value { id: 5 name: "scatter_add_fusion" } }
-}
-"""
-
-
-def test_profile_summary_reads_xla_cpu_threads_on_a_host_trace(tmp_path):
-    """A CPU run has no device plane: the XLA:CPU executor threads' op events are summed (the
-    executor's wrapper events and the Python thread are not ops)."""
-    from xlm_jax.accelerator.bench import summarize_profile
-
-    out = summarize_profile(write_trace(tmp_path, CPU_XSPACE), steps=1)
-    lines = out.splitlines()
-    # ops: YNNPACK dot fusion 6 us (two threads), copy 1 us, scatter 1 us = 8 us
-    assert "XLA:CPU op time (summed over threads) per step 0.0 ms" in lines[0], out
-    kinds = {ln.split()[0]: ln for ln in lines[1:4]}
-    assert "75.0%" in kinds["matmul"] and "12.5%" in kinds["copy/transpose"], out
-    assert "12.5%" in kinds["gather/scatter"], out
-    assert lines[5].endswith("ynn_fusion.3") and "75.0%" in lines[5], out
-    assert "ThunkExecutor" not in out and "_fetch" not in out
+    r = subprocess.run(
+        [sys.executable, "-c", EMPTY_TRACE, "--gin_file=runs/xlmr_base_mmlm.gin", "--steps", "1",
+         "--batch_size", "2", "--seq_len", "16", "--no_torch",
+         "--gin.loop.model_config.size='tiny'", "--gin.loop.model_config.dtype='float32'",
+         "--profile_dir", str(tmp_path / "p"), "--json", str(tmp_path / "b.json")],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "XLA_FLAGS": xla_flags(1)})
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    assert re.search(r"^xlm_jax  : step\s+[\d.]+ ms", r.stdout, re.M), r.stdout
+    trace, = glob.glob(str(tmp_path / "p" / "plugins" / "profile" / "*" / "*.xplane.pb"))
+    assert r.stderr.splitlines()[-1] == (
+        f"error: NoOpEventsError: {trace}: no op events (looked for kernels on the stream "
+        "lines of /device:GPU:N planes, an 'XLA Ops' line on /device:* planes, XLA:CPU ops "
+        "with an hlo_op stat on /host:CPU)"), r.stderr[-2000:]
+    assert not (tmp_path / "b.json").exists()

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from xlm_jax import cli_help
+# re-exported: the summary --profile_dir prints (its own module, with a CLI of its own)
+from xlm_jax.accelerator.profile_summary import summarize_profile  # noqa: F401
 from xlm_jax.models.config import ModelConfig
 
 
@@ -109,87 +111,6 @@ def jax_peak_bytes() -> int | None:
 
 def _gib(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
-
-
-_OP_KINDS = (  # (kind, substrings of an XLA op name), first match wins
-    ("attention (cuDNN)", ("cudnn", "fmha", "flash")),
-    # XLA:CPU runs its dots as YNNPACK or oneDNN fusions ("ynn_fusion.N", "onednn...")
-    ("matmul", ("gemm", "cublas", "dot", "matmul", "convolution", "ynn_fusion", "onednn")),
-    ("collective", ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
-                    "collective-permute")),
-    ("gather/scatter", ("scatter", "gather", "dynamic-slice", "dynamic_slice",
-                        "dynamic-update-slice", "dynamic_update_slice")),
-    ("copy/transpose", ("copy", "transpose")),
-    ("fusion", ("fusion",)),
-)
-
-# XLA:CPU's executor threads in a host trace, and its wrapper events (not ops themselves).
-_CPU_THREADS = ("tf_XLAEigen", "tf_XLAPjRtCpuClient")
-_CPU_WRAPPERS = ("ThunkExecutor",)
-
-
-def _op_kind(name: str) -> str:
-    low = name.lower()
-    for kind, keys in _OP_KINDS:
-        if any(k in low for k in keys):
-            return kind
-    return "other"
-
-
-def _op_times(data: object) -> tuple[dict[str, int], str]:
-    """(ns per op name, what the time is) from a trace: the device planes' "XLA Ops" lines
-    (GPU, TPU), else the XLA:CPU executor threads' op events on the host plane."""
-    import collections
-
-    per_op: collections.Counter[str] = collections.Counter()
-    for plane in data.planes:
-        if plane.name.startswith("/device:"):
-            for ln in plane.lines:
-                if ln.name == "XLA Ops":
-                    for ev in ln.events:
-                        per_op[ev.name] += ev.duration_ns
-    if per_op:
-        return per_op, "device op time"
-    for plane in data.planes:
-        if plane.name != "/host:CPU":
-            continue
-        for ln in plane.lines:
-            if ln.name.startswith(_CPU_THREADS):
-                for ev in ln.events:
-                    if not ev.name.startswith(_CPU_WRAPPERS):
-                        per_op[ev.name] += ev.duration_ns
-    # CPU ops run on several threads at once: their sum is CPU time, not wall time
-    return per_op, "XLA:CPU op time (summed over threads)"
-
-
-def summarize_profile(log_dir: str, steps: int, top: int = 12) -> str:
-    """Time per step by op kind and the `top` ops, from the newest xplane trace under
-    `log_dir` (written by `loop.train(profile_steps=...)`): device op events on GPU/TPU, the
-    XLA:CPU executor threads' op events on a CPU host."""
-    import collections
-    import glob
-    import os
-
-    from jax.profiler import ProfileData
-
-    files = sorted(glob.glob(os.path.join(log_dir, "plugins", "profile", "*", "*.xplane.pb")),
-                   key=os.path.getmtime)
-    if not files:
-        return f"no trace found under {log_dir}/plugins/profile"
-    per_op, what = _op_times(ProfileData.from_file(files[-1]))
-    if not per_op:
-        return f"trace {files[-1]}: no op events"
-    total = sum(per_op.values())
-    kinds: collections.Counter[str] = collections.Counter()
-    for name, ns in per_op.items():
-        kinds[_op_kind(name)] += ns
-    out = [f"profile ({files[-1]}), {what} per step {total / steps / 1e6:.1f} ms:"]
-    out += [f"  {k:<20} {ns / steps / 1e6:9.2f} ms  {ns / total:6.1%}"
-            for k, ns in kinds.most_common()]
-    out.append(f"  top {top} ops:")
-    out += [f"  {ns / steps / 1e6:9.2f} ms  {ns / total:6.1%}  {name[:90]}"
-            for name, ns in per_op.most_common(top)]
-    return "\n".join(out)
 
 
 class WaitAfter:
@@ -325,6 +246,8 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
           f"{'' if cycle == 1 else f' ({len(times) // cycle} cycles of {cycle} phases)'}, "
           "compile excluded)")
     if profile_dir:
+        # raises (exit 1, one line) when there is no trace or it holds no op events: the
+        # figures above are printed, nothing after them runs and --json is not written
         print(summarize_profile(profile_dir, timed))
     missing = [m for m in ("torch", "transformers")
                if with_torch and importlib.util.find_spec(m) is None]
@@ -472,7 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "torch or transformers is not installed)")
     p.add_argument("--profile_dir", default=None,
                    help="trace the timed steps with jax.profiler into this directory (view with "
-                        "TensorBoard's profile plugin) and print the time by op")
+                        "TensorBoard's profile plugin) and print the time per step by op kind "
+                        "(exit 1 when the trace holds no op events)")
     args, rest = p.parse_known_args(argv)
     for flag in ("steps", "batch_size", "seq_len", "sequence_length", "batches"):
         value = getattr(args, flag)
