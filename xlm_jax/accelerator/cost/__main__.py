@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model_flops", type=float, default=None,
                    help="with --hlo: model FLOPs per step per device, for the MFU")
     p.add_argument("--top", type=int, default=3, help="top ops listed per kind (default 3)")
+    p.add_argument("--dump_hlo", default=None,
+                   help="also write the compiled step's optimised HLO text here (to read it)")
     return p
 
 
@@ -197,6 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {got}", file=sys.stderr)
             return 1
         text, flops, extra = got
+        if args.dump_hlo:
+            with open(args.dump_hlo, "w") as f:
+                f.write(text)
         seq = args.seq_len or max(int(b.split("x")[1]) for b in extra["batches"].values())
         data = report_data(text, target, seq, flops, ", ".join(args.gin_file), extra)
     print(format_report(data, args.top))

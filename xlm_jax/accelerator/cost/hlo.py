@@ -151,6 +151,15 @@ def parse_module(text: str) -> Module:
     return Module(comps, entry)
 
 
+def optimizer_state(module: Module) -> frozenset[str]:
+    """Names of the entry's parameters that hold optimiser state: named after it (XLA:GPU
+    names parameters after their pytree path, `state_opt_state_...`) or with it in their
+    metadata (XLA:TPU: `op_name="state.opt_state[1][0].mu[...]"`)."""
+    return frozenset(i.name for i in module.computations.get(module.entry, [])
+                     if i.op == "parameter" and ("opt_state" in i.name
+                                                 or "opt_state" in i.op_name))
+
+
 @dataclasses.dataclass
 class Op:
     """An instruction that runs on the device (`runs` times per step), with what it moves
@@ -183,12 +192,33 @@ def _dot_flops(ins: Instruction, shapes: dict[str, str]) -> float:
     return 2.0 * math.prod(out[0][1]) * k
 
 
+_DIM_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
+_GROUPS = re.compile(r"feature_group_count=(\d+)")
+
+
+def _conv_flops(ins: Instruction, shapes: dict[str, str]) -> float:
+    """2 x (output elements) x (input features x window elements) / feature groups of a
+    `convolution` (how XLA:TPU writes its matmuls): the contraction is over the rhs's input
+    feature ('i') and spatial (digit) dims."""
+    m = _DIM_LABELS.search(ins.rest)
+    out = shape_arrays(ins.shape)
+    rhs = shape_arrays(shapes.get(ins.operands[1], "")) if len(ins.operands) > 1 else []
+    if not m or not out or not rhs or len(rhs[0][1]) != len(m.group(2)):
+        return 0.0
+    k = math.prod(size for label, size in zip(m.group(2), rhs[0][1])
+                  if label == "i" or label.isdigit())
+    groups = _GROUPS.search(ins.rest)
+    return 2.0 * math.prod(out[0][1]) * k / (int(groups.group(1)) if groups else 1)
+
+
 def _body_costs(body: list[Instruction], shapes: dict[str, str]) -> tuple[float, float, float]:
     """(matmul FLOPs, vector ops, transcendental ops) of a fused computation."""
     matmul = vector = special = 0.0
     for ins in body:
-        if ins.op in ("dot", "convolution"):
+        if ins.op == "dot":
             matmul += _dot_flops(ins, shapes)
+        elif ins.op == "convolution":
+            matmul += _conv_flops(ins, shapes)
         elif ins.op in TRANSCENDENTAL:
             special += shape_elements(ins.shape)
         elif ins.op in ("reduce", "reduce-window"):
@@ -227,8 +257,9 @@ def device_ops(module: Module) -> Iterator[Op]:
                     body_shapes.update(module.shapes(callee))
             if ins.op == "fusion":
                 matmul, vector, special = _body_costs(body, body_shapes)
-            elif ins.op in ("dot", "convolution") or "gemm" in ins.target or \
-                    "matmul" in ins.target:
+            elif ins.op == "convolution":
+                matmul, vector, special = _conv_flops(ins, shapes), 0.0, 0.0
+            elif ins.op == "dot" or "gemm" in ins.target or "matmul" in ins.target:
                 matmul, vector, special = _dot_flops(ins, shapes), 0.0, 0.0
             elif ins.op not in _NOT_ARITHMETIC and ins.op != "custom-call":
                 matmul, vector, special = 0.0, float(shape_elements(ins.shape)), 0.0

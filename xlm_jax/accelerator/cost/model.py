@@ -24,9 +24,8 @@ from typing import Any
 
 from xlm_jax.accelerator.cost import hlo as hlo_lib
 from xlm_jax.accelerator.cost.chips import Chip
+from xlm_jax.accelerator.profile_summary import KINDS  # the profile summary's kinds, shared
 
-KINDS = ("matmul", "attention kernel", "elementwise/fusion", "RNG", "gather/scatter",
-         "copy/transpose", "collective", "optimizer update", "other")
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _RNG_NAMES = ("random_bits", "threefry", "bernoulli", "random_uniform", "rng", "_uniform",
               "categorical", "gumbel", "keep_mask")
@@ -88,8 +87,9 @@ def _counter_hash_ops(op: hlo_lib.Op) -> int:
     return sum(i.op in ("xor", "shift-left", "shift-right-logical") for i in op.body)
 
 
-def classify(op: hlo_lib.Op) -> str:
-    """The op's kind, one of `KINDS`."""
+def classify(op: hlo_lib.Op, optimizer_state: frozenset[str] = frozenset()) -> str:
+    """The op's kind, one of `KINDS`; an op reading optimiser state (`optimizer_state`:
+    `hlo.optimizer_state`'s parameter names) is an optimiser update."""
     ins = op.instruction
     name = ins.op.removesuffix("-start")
     if name in COLLECTIVES or "nccl" in ins.target:
@@ -111,7 +111,8 @@ def classify(op: hlo_lib.Op) -> str:
     if body & {"scatter", "gather"} or (root is not None and root.op in (
             "dynamic-update-slice", "dynamic-slice")):
         return "gather/scatter"
-    if "opt_state" in " ".join(ins.operands) or "/optax" in low or "scale_by_adam" in low:
+    if any(o.partition("#")[0] in optimizer_state for o in ins.operands) or \
+            "/optax" in low or "scale_by_adam" in low:
         return "optimizer update"
     if name in ("copy", "transpose") or (root is not None and root.op in ("copy", "transpose")
                                          and body <= {"copy", "transpose", "parameter",
@@ -153,10 +154,11 @@ def _scatter_updates(op: hlo_lib.Op) -> tuple[int, str]:
 
 
 def op_cost(op: hlo_lib.Op, chip: Chip, shapes: dict[str, str],
-            seq_len: int | None = None) -> OpCost:
+            seq_len: int | None = None,
+            optimizer_state: frozenset[str] = frozenset()) -> OpCost:
     """The predicted time of one op (all its runs in a step)."""
     ins = op.instruction
-    kind = classify(op)
+    kind = classify(op, optimizer_state)
     eff = chip.efficiency
     flops = op.matmul_flops
     matmul_rate = chip.bf16_flops * eff.matmul
@@ -239,7 +241,8 @@ def analyze(text: str, chip: Chip, seq_len: int | None = None) -> CostReport:
     """The cost report of an optimised HLO module's text on `chip`. `seq_len` lets the
     Triton attention kernels' tile size be read from their grid."""
     module = hlo_lib.parse_module(text)
-    ops = [op_cost(op, chip, module.shapes(op.computation), seq_len)
+    opt = hlo_lib.optimizer_state(module)
+    ops = [op_cost(op, chip, module.shapes(op.computation), seq_len, opt)
            for op in hlo_lib.device_ops(module)]
     ops.sort(key=lambda o: -o.time_s)
     return CostReport(chip.name, ops)

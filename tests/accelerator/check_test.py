@@ -1,0 +1,94 @@
+"""`python -m xlm_jax.accelerator.check`: the budgeted device check, on this CPU at the tiny
+size — the rows it writes for the steps it ran and skipped, its partial results, its bad
+input."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from xlm_jax.accelerator import check
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "xlm_jax.accelerator.check", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_runs_what_fits_the_budget_and_says_why_the_rest_was_skipped(tmp_path):
+    out, md = tmp_path / "check.json", tmp_path / "check.md"
+    start = time.perf_counter()
+    done = _cli("--budget_s", "60", "--size", "tiny", "--only", "env,mmlm,smoke,xlme",
+                "--json", str(out), "--markdown", str(md))
+    wall = time.perf_counter() - start
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert wall < 75  # the budget and the interpreter's start-up
+    data = json.loads(out.read_text())
+    assert data["complete"] is True
+    rows = {r["step"]: r for r in data["rows"]}
+    assert list(rows) == ["env", "mmlm", "smoke", "xlme"]
+    assert rows["env"]["status"] == "ok" and rows["env"]["result"]["platform"] == "cpu"
+    assert rows["env"]["result"]["cost_chip"] is None
+    mmlm = rows["mmlm"]
+    assert mmlm["status"] == "ok", mmlm
+    assert mmlm["result"]["step_ms"] > 0 and mmlm["result"]["tokens_per_s"] > 0
+    # a CPU has no cost figures: said, not guessed
+    assert mmlm["result"]["prediction"].startswith("n/a")
+    # the tiny smoke (Pallas interpreted) needs minutes: skipped with its reason
+    assert rows["smoke"]["status"] == "skipped"
+    assert "budget" in rows["smoke"]["reason"] and "needs about" in rows["smoke"]["reason"]
+    assert rows["xlme"]["status"] in ("ok", "skipped", "cut")
+    assert rows["xlme"]["status"] == "ok" or rows["xlme"]["reason"]
+    assert "| mmlm | ok |" in md.read_text()
+
+
+def test_a_budget_below_the_first_step_is_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "check.json"
+    done = _cli("--budget_s", "3", "--size", "tiny", "--json", str(out), timeout=60)
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
+    assert "--budget_s 3" in done.stderr and "env" in done.stderr
+    assert not out.exists()
+    bad = _cli("--budget_s", "60", "--only", "env,warp", timeout=60)
+    assert bad.returncode == 2 and "warp" in bad.stderr
+
+
+def test_results_are_rewritten_after_each_step(tmp_path, monkeypatch):
+    """A window that closes mid-check leaves the finished rows readable, marked incomplete."""
+    out = tmp_path / "check.json"
+    seen = []
+
+    def fake_step(step: str, size: str, timeout: float, keep=None) -> check.Row:
+        if seen:  # the second step: the machine goes away
+            raise KeyboardInterrupt
+        seen.append(step)
+        return check.Row(step, "ok", 1.0, result={"step_ms": 5.0})
+
+    monkeypatch.setattr(check, "run_step", fake_step)
+    with pytest.raises(KeyboardInterrupt):
+        check.main(["--budget_s", "600", "--size", "tiny", "--only", "env,mmlm",
+                    "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert data["complete"] is False and [r["step"] for r in data["rows"]] == ["env"]
+    assert not list(tmp_path.glob(".check-*"))  # no temporary file left behind
+
+
+def test_a_failed_step_fails_the_check_and_a_cut_one_does_not(monkeypatch, tmp_path):
+    statuses = iter(["cut", "failed"])
+
+    def fake_step(step: str, size: str, timeout: float, keep=None) -> check.Row:
+        return check.Row(step, next(statuses), 1.0, reason="x")
+
+    monkeypatch.setattr(check, "run_step", fake_step)
+    assert check.main(["--budget_s", "600", "--size", "tiny", "--only", "env"]) == 0
+    assert check.main(["--budget_s", "600", "--size", "tiny", "--only", "env"]) == 1
+
+
+@pytest.mark.parametrize("kind, chip", [("NVIDIA H100 80GB HBM3", "h100"),
+                                        ("NVIDIA H200", "h200"), ("NVIDIA GH200", None),
+                                        ("TPU v5 lite", "v5e"), ("TPU v5", "v5p"),
+                                        ("TPU v4", "v4"), ("cpu", None)])
+def test_device_kinds_map_to_the_cost_models_chips(kind, chip):
+    assert check.chip_of(kind) == chip
