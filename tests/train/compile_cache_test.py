@@ -81,6 +81,17 @@ def test_configure_sets_jax_and_auto_forgets_an_earlier_runs_path(tmp_path, rest
     assert line.startswith("compilation cache: off: the default on cpu")
 
 
+def test_the_default_dir_with_several_processes_says_to_share_one(tmp_path, restore_jax_cache):
+    jax.config.update("jax_compilation_cache_dir", None)  # not the test suite's
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    _, line = cc.configure("auto", "tpu", env=env, process_count=4)
+    assert line.startswith(f"compilation cache: {tmp_path}/xlm_jax/jax_cache (the default on tpu")
+    assert line.endswith("the other 3 processes compile at every start: give a directory all "
+                         "hosts share (gs://...)")
+    assert "share" not in cc.configure("auto", "tpu", env=env, process_count=1)[1]
+    assert "share" not in cc.configure(str(tmp_path), "tpu", env=env, process_count=4)[1]
+
+
 def test_configure_expands_a_local_path_as_a_shell_would(tmp_path, monkeypatch,
                                                          restore_jax_cache):
     monkeypatch.setenv("HOME", str(tmp_path))

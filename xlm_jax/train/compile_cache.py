@@ -138,12 +138,16 @@ def _set_dir(path: str | None) -> None:
 
 
 def configure(setting: str | None, platform: str | None = None,
-              env: Mapping[str, str] | None = None) -> tuple[CacheChoice, str]:
+              env: Mapping[str, str] | None = None,
+              process_count: int | None = None) -> tuple[CacheChoice, str]:
     """Applies `setting` to jax's (process-wide) config before the run's first compile; returns
     the cache in force and the line that says so (`loop.train` prints it). A directory an earlier
     `configure` of this process set is not taken for the user's under 'auto'. An unwritable
-    local directory is one WARNING, and the run goes on without a cache."""
+    local directory is one WARNING, and the run goes on without a cache. With several processes
+    (`process_count`, default jax's) the line says when the cache is the per-user default: jax
+    writes from process 0 only, so the other hosts find nothing in their own directory."""
     env = os.environ if env is None else env
+    process_count = jax.process_count() if process_count is None else process_count
     configured = jax.config.jax_compilation_cache_dir
     if _set_by_us and configured == _set_by_us[0]:
         configured = None  # ours, from an earlier run in this process: not the user's
@@ -160,8 +164,12 @@ def configure(setting: str | None, platform: str | None = None,
     _set_dir(choice.path)
     if choice.path is None:
         return choice, f"compilation cache: {choice.source}"
-    return choice, (f"compilation cache: {choice.path} ({choice.source}; compiles of "
-                    f">= {_min_compile_secs(env):g} s are written)")
+    line = (f"compilation cache: {choice.path} ({choice.source}; compiles of "
+            f">= {_min_compile_secs(env):g} s are written)")
+    if process_count > 1 and choice.source.startswith("the default"):
+        line += (f"; only process 0 writes, so the other {process_count - 1} processes compile "
+                 "at every start: give a directory all hosts share (gs://...)")
+    return choice, line
 
 
 @dataclasses.dataclass(frozen=True)
