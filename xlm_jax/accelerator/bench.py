@@ -157,6 +157,10 @@ class BenchResult:
     torch_step_ms: float | None = None
     torch_tokens_per_second: float | None = None
     torch_note: str = ""
+    compile_s: float | None = None  # trace + lower + compile of the first step
+    compile_xla_s: float | None = None  # XLA's part of it (the executable's read on a hit)
+    cache_hit: bool | None = None  # its executable came from the persistent compilation cache
+    compilation_cache_dir: str | None = None  # the persistent cache in force (None: none)
 
 
 def prediction_slots(rate: float, seq_len: int) -> int:
@@ -167,9 +171,12 @@ def prediction_slots(rate: float, seq_len: int) -> int:
 
 def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps: int,
                        batch_size: int | None, seq_len: int | None, with_torch: bool,
-                       profile_dir: str | None = None) -> BenchResult:
+                       profile_dir: str | None = None,
+                       compilation_cache_dir: str | None = "auto") -> BenchResult:
     """Trains `steps` + 1 steps (the first compiles) on synthetic batches, prints the figures
-    and returns them."""
+    and returns them. `compilation_cache_dir` binds `loop.train.compilation_cache_dir`
+    ('auto', a directory, or '' for none): a second run with the same cache loads the step's
+    executable instead of compiling it (the `compile` line says which)."""
     import gin
     import jax
 
@@ -179,7 +186,8 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
 
     extra = ["loop.train.save_checkpoints = False",
              "loop.train.force_synthetic = True",
-             "loop.train.evaluators = []", *gin_utils.SYNTHETIC_RUN_MACROS]
+             "loop.train.evaluators = []", *gin_utils.SYNTHETIC_RUN_MACROS,
+             f"loop.train.compilation_cache_dir = {compilation_cache_dir!r}"]
     if batch_size:
         extra.append(f"loop.train.batch_size = {batch_size}")
     if seq_len:
@@ -238,6 +246,11 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
         seq_len=sl, tokens_per_step=result.tokens_per_step, step_ms=step_s * 1000,
         tokens_per_second=tok_s, model_tflops=result.flops_per_token * tok_s / 1e12, mfu=mfu,
         peak_bytes=jax_peak_bytes())
+    compiled = result.step_compile
+    if compiled is not None:
+        bench.compile_s, bench.compile_xla_s = compiled.seconds, compiled.backend_seconds
+        bench.cache_hit = compiled.cache_hit
+        bench.compilation_cache_dir = compiled.cache_dir
     print(f"xlm_jax  : step {bench.step_ms:9.1f} ms  tokens/s {tok_s:10.1f}  "
           f"model TFLOP/s {bench.model_tflops:7.3f}  "
           f"MFU {'n/a (no peak known for this device)' if mfu is None else f'{mfu:.1%}'}  "
@@ -245,6 +258,9 @@ def run_training_bench(gin_files: Sequence[str], bindings: Sequence[str], steps:
           f"  (mean of {len(times)} steps dispatched ahead"
           f"{'' if cycle == 1 else f' ({len(times) // cycle} cycles of {cycle} phases)'}, "
           "compile excluded)")
+    if compiled is not None:
+        print(f"compile  : {compiled.timing()}  {compiled.describe()} (the first step"
+              f"{'' if cycle == 1 else ', first phase'}; cache {compiled.cache_dir or 'off'})")
     if profile_dir:
         # raises (exit 1, one line) when there is no trace or it holds no op events: the
         # figures above are printed, nothing after them runs and --json is not written
@@ -312,7 +328,8 @@ def table_markdown(rows: Sequence[tuple[str, str, BenchResult | str]]) -> str:
 def run_table(sizes: Sequence[str], steps: int, batch_size: int | None, seq_len: int | None,
               with_torch: bool, bindings: Sequence[str], json_out: str | None,
               markdown_out: str | None,
-              runs: Sequence[tuple[str, dict[str, list[str]]]] = TABLE_RUNS) -> int:
+              runs: Sequence[tuple[str, dict[str, list[str]]]] = TABLE_RUNS,
+              compilation_cache_dir: str | None = "auto") -> int:
     """Runs every row of `runs` (default TABLE_RUNS) at each of `sizes` in its own process
     (fresh gin and memory), the transformers comparison in each size's first (MMLM) row;
     prints and writes the table. Returns 1 when a row failed (its reason is in the table)."""
@@ -334,6 +351,7 @@ def run_table(sizes: Sequence[str], steps: int, batch_size: int | None, seq_len:
                     cmd += ["--seq_len", str(seq_len)]
                 if not (with_torch and i == 0):
                     cmd.append("--no_torch")
+                cmd.append(f"--compilation_cache_dir={compilation_cache_dir or ''}")
                 print(f"[{label}, {size}] {' '.join(cmd[1:])}", flush=True)
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode:
@@ -397,6 +415,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="trace the timed steps with jax.profiler into this directory (view with "
                         "TensorBoard's profile plugin) and print the time per step by op kind "
                         "(exit 1 when the trace holds no op events)")
+    p.add_argument("--compilation_cache_dir", default="auto",
+                   help="jax's persistent compilation cache (loop.train.compilation_cache_dir): "
+                        "'auto' (JAX_COMPILATION_CACHE_DIR when set, else the user's cache "
+                        "directory on a GPU/TPU, none on a CPU), a directory (local or gs://), "
+                        "or '' for none")
     args, rest = p.parse_known_args(argv)
     for flag in ("steps", "batch_size", "seq_len", "sequence_length", "batches"):
         value = getattr(args, flag)
@@ -432,7 +455,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if bad:
             p.error(f"--sizes {','.join(bad)}: the table has {', '.join(TABLE_RUNS[0][1])}")
         return run_table(sizes, args.steps, args.batch_size, args.seq_len, not args.no_torch,
-                         bindings, args.json, args.markdown)
+                         bindings, args.json, args.markdown,
+                         compilation_cache_dir=args.compilation_cache_dir)
     if not args.gin_file:
         p.error("--gin_file is required (or --table, or --pipeline TASK)")
     from xlm_jax.train import cli
@@ -442,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run() -> int:
         results.append(run_training_bench(args.gin_file, bindings, args.steps,
                                           args.batch_size, args.seq_len, not args.no_torch,
-                                          args.profile_dir))
+                                          args.profile_dir, args.compilation_cache_dir))
         return 0
 
     if cli.run_reporting(run):

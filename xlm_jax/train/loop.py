@@ -25,6 +25,7 @@ from xlm_jax.models.config import ModelConfig, get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.train import actions as actions_lib
 from xlm_jax.train import checkpoints as ckpt_lib
+from xlm_jax.train import compile_cache
 from xlm_jax.train import streams as streams_lib
 from xlm_jax.train import evaluators as evaluators_lib
 from xlm_jax.train import step_flops as flops_lib
@@ -60,6 +61,7 @@ class TrainResult:
     objectives: tuple[str, ...]
     shapes: dict[str, mixture.Shape]
     health: health_lib.HealthReport | None = None  # the health checks that fired
+    step_compile: compile_cache.CompileReport | None = None  # the first step's compile
 
 
 def model_config(size: str = "base", overrides: Mapping[str, Any] | None = None,
@@ -111,7 +113,8 @@ def train(model_dir: str,
           profile_first_step: int = 1,
           profile_steps: int = 0,
           actions: Sequence[actions_lib.Action] = (),
-          health: health_lib.HealthConfig = health_lib.HealthConfig()) -> TrainResult:
+          health: health_lib.HealthConfig = health_lib.HealthConfig(),
+          compilation_cache_dir: str | None = compile_cache.AUTO) -> TrainResult:
     """Trains the objective mixture; resumes from the latest checkpoint in `model_dir`.
 
     `data_resume` says how the input streams continue after a restart: "checkpoint" (saves
@@ -147,6 +150,11 @@ def train(model_dir: str,
     `health` (`train.health.HealthConfig`): the objectives' health checks, read at the log
     steps after a warm-up; each one that fires logs a WARNING once, and the run's last line
     (`health: ...`) lists them.
+    `compilation_cache_dir`: jax's persistent compilation cache, so that a restart compiles
+    nothing the run compiled before (`train.compile_cache`): 'auto' (a cache the environment
+    set, else the user's cache directory on a GPU/TPU, else none), a directory (local or
+    gs://), or None/'' (none). The first step is compiled ahead of its call, and the line
+    `step compiled in N s: ...` says whether the executable came from the cache.
     Progress lines go to stdout (`contextlib.redirect_stdout` to silence them).
     """
     # ---- setup: everything that can fail does so here, before anything is compiled
@@ -155,6 +163,10 @@ def train(model_dir: str,
     if loss_normalization not in step_lib.LOSS_NORMALIZATIONS:
         raise ValueError(f"loop.train.loss_normalization={loss_normalization!r}: expected one "
                          f"of {', '.join(step_lib.LOSS_NORMALIZATIONS)}")
+    # jax's persistent cache, before anything compiles: a restart loads the executables
+    cache, cache_line = compile_cache.configure(compilation_cache_dir)
+    if jax.process_index() == 0:
+        print(cache_line, flush=True)
     ckpt = ckpt_lib.Checkpointer(model_dir, checkpoint)  # fails now if model_dir is unwritable
     shapes = mixture.resolve(objectives, batch_size, seq_len)
     device_mesh = partitioning.make_mesh(mesh, jax.devices()[:num_devices] if num_devices else None)
@@ -231,17 +243,22 @@ def train(model_dir: str,
         step_seconds: list[float] = []
         pending: list[tuple[int, Any]] = []  # (step, its metrics still on the device)
         done, preempted = resume.step, False
+        step_compile = None
         for step in range(resume.step, train_steps):
             for action in run_actions:
                 action.before(step)
             t0 = time.perf_counter()
             local = {name: next(streams[name]) for name in mixture.running(shapes, step)}
             batches = {name: setup.global_batch(b, device_mesh) for name, b in local.items()}
+            if step == resume.step:  # compiled ahead of the first call, which then runs it
+                step_compile = compile_cache.compile_timed(step_fn, state, batches, rng,
+                                                           cache_dir=cache.path)
+                if is_primary:
+                    print(f"step compiled in {step_compile.timing()}: "
+                          f"{step_compile.describe()}; set-up took {t0 - started:.1f} s",
+                          flush=True)
             with jax.profiler.StepTraceAnnotation("train", step_num=step):
                 state, metrics = step_fn(state, batches, rng)
-            if step == resume.step and is_primary:  # the first call compiles the step
-                print(f"step compiled in {time.perf_counter() - t0:.1f} s (set-up took "
-                      f"{t0 - started:.1f} s)", flush=True)
             done = step + 1
             pending.append((done, metrics))
             preempted = watch.reached(done)  # SIGTERM: save this step, then stop
@@ -269,7 +286,7 @@ def train(model_dir: str,
                                         else 0.0),
                        flops_per_token=flops_per_token, model=model, batch_size=batch_size,
                        seq_len=seq_len, objectives=tuple(objectives), shapes=shapes,
-                       health=checks.report())
+                       health=checks.report(), step_compile=step_compile)
 
 
 def _tokens(local: Mapping[str, Mapping[str, np.ndarray]], pad_id: int) -> int:
