@@ -112,6 +112,22 @@ TABLE = [
     ("xlm_jax.accelerator.compile", "bad value", ["--gin_file=runs/xlme_base.gin",
                                                   "--target=v9z:2x2"], 2,
      "error: --target 'v9z:2x2': unknown chip 'v9z'; known: v4:AxB[xC], ..."),
+    ("xlm_jax.accelerator.cost", "no args", [], 2, "error: --gin_file is required (a run "
+     "file, e.g. runs/xlme_base.gin)"),
+    ("xlm_jax.accelerator.cost", "bad value", ["--gin_file=runs/xlmr_base_mmlm.gin",
+                                               "--target=v9z:2x2"], 2,
+     "error: --target 'v9z:2x2': unknown chip 'v9z'; known: v4:AxB[xC], ..."),
+    ("xlm_jax.accelerator.check", "no args", [], 2, "python -m xlm_jax.accelerator.check: "
+     "error: the following arguments are required: --budget_s (--help lists every flag)"),
+    ("xlm_jax.accelerator.check", "bad value", ["--budget_s=60", "--only=warp"], 2,
+     "error: --only 'warp': not steps of env, smoke, mmlm, xlme, infoxlm, ernie_m, veco, "
+     "mmlm_b64, transformers"),
+    ("xlm_jax.accelerator.profile_summary", "no args", [], 2, "python -m "
+     "xlm_jax.accelerator.profile_summary: error: the following arguments are required: "
+     "TRACE_OR_DIR, --steps (--help lists every flag)"),
+    ("xlm_jax.accelerator.profile_summary", "bad value", ["/nonexistent/t.xplane.pb",
+                                                          "--steps=1"], 2,
+     "error: /nonexistent/t.xplane.pb: ..."),
     ("xlm_jax.accelerator.smoke", "no args", None, 0, "(runs the tiny smoke comparison on this "
      "host)"),
     ("xlm_jax.accelerator.smoke", "bad value", ["--sizes=huge"], 2,

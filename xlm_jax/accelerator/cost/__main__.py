@@ -45,11 +45,9 @@ CANNOT_SEE = (
 
 
 def _parser() -> argparse.ArgumentParser:
-    import xlm_jax.accelerator.cost.__main__ as me
-
     p = _compile_parser()
     p.prog = "python -m xlm_jax.accelerator.cost"
-    p.description = me.__doc__
+    p.description = __doc__
     p.add_argument("--hlo", default=None,
                    help="read this optimised HLO text (an XLA dump) instead of compiling")
     p.add_argument("--model_flops", type=float, default=None,
