@@ -55,7 +55,8 @@ RUN_FILES = {"mmlm": ["runs/xlmr_base_mmlm.gin"], "mmlm_b64": ["runs/xlmr_base_m
 ESTIMATE_S = {"tiny": {"env": 5, "smoke": 150, "transformers": 30, "default": 20},
               "base": {"env": 10, "smoke": 120, "xlme": 120, "veco": 150, "transformers": 60,
                        "default": 75}}
-SHAPES = {"tiny": (4, 64), "base": (32, 512)}  # (rows, tokens) per objective
+SHAPES = {"tiny": (8, 64), "base": (32, 512)}  # (rows, tokens) per objective (8: any of
+# 1, 2, 4 or 8 devices divides it, the tests' 8 fake CPU devices too)
 RESERVE_S = 5.0  # kept back from the budget to write the results
 # device_kind -> the cost model's chip (xlm_jax.accelerator.cost.chips)
 _CHIPS = ((r"\bh100", "h100"), (r"\bh200", "h200"), (r"\bb200", "b200"),
