@@ -196,19 +196,50 @@ _DIM_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
 _GROUPS = re.compile(r"feature_group_count=(\d+)")
 
 
+_WINDOW = re.compile(r"window=\{([^}]*)\}")
+
+
+def _window(ins: Instruction, spatial: int) -> list[tuple[int, int, int, int]]:
+    """(size, pad low, stride, rhs dilation) per spatial dim of a convolution's window."""
+    m = _WINDOW.search(ins.rest)
+    fields = dict(f.split("=", 1) for f in (m.group(1).split() if m else []) if "=" in f)
+
+    def ints(key: str, default: int) -> list[int]:
+        if key not in fields:
+            return [default] * spatial
+        return [int(x.split("_")[0]) for x in fields[key].split("x")]
+
+    sizes, pads = ints("size", 1), ints("pad", 0)
+    strides, dil = ints("stride", 1), ints("rhs_dilate", 1)
+    return list(zip(sizes, pads, strides, dil))
+
+
 def _conv_flops(ins: Instruction, shapes: dict[str, str]) -> float:
-    """2 x (output elements) x (input features x window elements) / feature groups of a
-    `convolution` (how XLA:TPU writes its matmuls): the contraction is over the rhs's input
-    feature ('i') and spatial (digit) dims."""
+    """2 x the multiply-adds of a `convolution` (how XLA:TPU writes its matmuls): per output
+    element, the input features ('i') times the window taps that land on real (unpadded)
+    input, over the feature groups. XLA:TPU writes a per-head projection as a convolution
+    whose window slides over the heads with padding so that one tap per output is real;
+    counting every tap would count each such projection heads-times over."""
     m = _DIM_LABELS.search(ins.rest)
     out = shape_arrays(ins.shape)
+    lhs = shape_arrays(shapes.get(ins.operands[0], "")) if ins.operands else []
     rhs = shape_arrays(shapes.get(ins.operands[1], "")) if len(ins.operands) > 1 else []
-    if not m or not out or not rhs or len(rhs[0][1]) != len(m.group(2)):
+    if not m or not out or not lhs or not rhs or len(rhs[0][1]) != len(m.group(2)) \
+            or len(lhs[0][1]) != len(m.group(1)) or len(out[0][1]) != len(m.group(3)):
         return 0.0
-    k = math.prod(size for label, size in zip(m.group(2), rhs[0][1])
-                  if label == "i" or label.isdigit())
+    lhs_l, rhs_l, out_l = m.groups()
+    spatial = sorted(ch for ch in rhs_l if ch.isdigit())
+    in_features = math.prod(size for label, size in zip(rhs_l, rhs[0][1]) if label == "i")
+    taps = 1.0  # valid (output position, window tap) pairs per output row, all spatial dims
+    outer = math.prod(size for label, size in zip(out_l, out[0][1]) if not label.isdigit())
+    for d, (_, low, stride, dil) in zip(spatial, _window(ins, len(spatial))):
+        n = lhs[0][1][lhs_l.index(d)]
+        w = rhs[0][1][rhs_l.index(d)]
+        out_d = out[0][1][out_l.index(d)]
+        taps *= sum(1 for o in range(out_d) for k in range(w)
+                    if 0 <= o * stride + k * dil - low < n)
     groups = _GROUPS.search(ins.rest)
-    return 2.0 * math.prod(out[0][1]) * k / (int(groups.group(1)) if groups else 1)
+    return 2.0 * outer * taps * in_features / (int(groups.group(1)) if groups else 1)
 
 
 def _body_costs(body: list[Instruction], shapes: dict[str, str]) -> tuple[float, float, float]:
