@@ -52,6 +52,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from xlm_jax import cli_help
+# the HLO text's grammar, shared with the cost model's reader
+from xlm_jax.accelerator.cost.hlo import _ARRAY, _BRANCHES, _COMPUTATION, _TRIP
+from xlm_jax.accelerator.cost.hlo import ITEMSIZE as _ITEMSIZE
 
 GIB = 2**30
 # What one jax device may hold, as XLA:TPU states its limit for each chip (libtpu 0.0.42.1:
@@ -62,14 +65,8 @@ CAPACITIES_GIB = {"TPU v4 (30.75 GiB usable of 32)": 30.75, "TPU v5e (15.75 of 1
                   "TPU v5p (95.74 of 95)": 95.74, "TPU v6e (31.25 of 32)": 31.25,
                   "H100 (0.9 x 80 GB)": 0.9 * 80e9 / GIB}
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
-_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-             "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
-_ARRAY = re.compile(r"\b([a-z]+[0-9]*(?:e[0-9]m[0-9][a-z]*)?)\[([0-9,]*)\]")
-_COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _CALLEE = re.compile(r"\b(body|condition|to_apply|calls|true_computation|false_computation)"
                      r"=%?([\w.\-]+)")
-_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
-_TRIP = re.compile(r'"known_trip_count":\{"n":"([0-9]+)"\}')
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<shape>.*?)\s+"
                     r"(?P<op>[a-z][a-z0-9\-]*)\(")
 
