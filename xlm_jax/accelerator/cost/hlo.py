@@ -194,8 +194,6 @@ def _dot_flops(ins: Instruction, shapes: dict[str, str]) -> float:
 
 _DIM_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
 _GROUPS = re.compile(r"feature_group_count=(\d+)")
-
-
 _WINDOW = re.compile(r"window=\{([^}]*)\}")
 
 
@@ -273,9 +271,7 @@ def device_ops(module: Module) -> Iterator[Op]:
         for ins in module.computations.get(comp, []):
             if ins.op in _CONTROL:
                 times = runs * (ins.trip_count() or 1) if ins.op == "while" else runs
-                for callee in ins.callees():
-                    if ins.op == "while" and callee == _condition(ins):
-                        continue
+                for callee in ins.callees():  # a while's body (its condition is not listed)
                     yield from visit(callee, times)
                 continue
             if ins.op in FREE_OPS:
@@ -302,14 +298,9 @@ def device_ops(module: Module) -> Iterator[Op]:
     yield from visit(module.entry, 1)
 
 
-def _condition(ins: Instruction) -> str:
-    m = re.search(r"\bcondition=%?([\w.\-]+)", ins.rest)
-    return m.group(1) if m else ""
-
-
 def _written_bytes(ins: Instruction) -> int:
     """Bytes an op writes: its result, less a cuBLAS call's workspace (the s8 scratch of the
-    result tuple) and, for an in-place scatter or dynamic-update-slice, only the update."""
+    result tuple). An in-place scatter's update-only traffic is `model.op_cost`'s."""
     arrays = shape_arrays(ins.shape)
     if ins.op == "custom-call":
         arrays = [a for a in arrays if a[0] != "s8"] or arrays
