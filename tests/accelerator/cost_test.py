@@ -55,6 +55,14 @@ HLO = f"""HloModule jit_train_step, entry_computation_layout={{(bf16[64,128]{{1,
   ROOT %sc = f32[65536,64]{{1,0}} scatter(%p0, %p1, %p2), update_window_dims={{1}}, inserted_window_dims={{0}}, scatter_dims_to_operand_dims={{0}}, index_vector_dim=1, to_apply=%add_bf16
 }}
 
+%fused_dus (p0: f32[12,768,64], p1: f32[1,768,64], p2: s32[]) -> f32[12,768,64] {{
+  %p0 = f32[12,768,64]{{2,1,0}} parameter(0)
+  %p1 = f32[1,768,64]{{2,1,0}} parameter(1)
+  %p2 = s32[] parameter(2)
+  %z = s32[] constant(0)
+  ROOT %d = f32[12,768,64]{{2,1,0}} dynamic-update-slice(%p0, %p1, %p2, %z, %z)
+}}
+
 %body (arg: (s32[], bf16[1024])) -> (s32[], bf16[1024]) {{
   %arg = (s32[], bf16[1024]{{0}}) parameter(0)
   %i = s32[] get-tuple-element(%arg), index=0
@@ -68,7 +76,7 @@ HLO = f"""HloModule jit_train_step, entry_computation_layout={{(bf16[64,128]{{1,
   ROOT %p = pred[] constant(true)
 }}
 
-ENTRY %main (a: bf16[64,128], b: bf16[128,256], x: f32[1024], q: bf16[{B},{T},{H},{D}], tab: bf16[65536,64], ids: s32[100,1], upd: bf16[100,64], tab32: f32[65536,64], upd32: f32[100,64], init: (s32[], bf16[1024])) -> f32[] {{
+ENTRY %main (a: bf16[64,128], b: bf16[128,256], x: f32[1024], q: bf16[{B},{T},{H},{D}], tab: bf16[65536,64], ids: s32[100,1], upd: bf16[100,64], tab32: f32[65536,64], upd32: f32[100,64], init: (s32[], bf16[1024]), stack: f32[12,768,64], slice: f32[1,768,64], i: s32[]) -> f32[] {{
   %a = bf16[64,128]{{1,0}} parameter(0)
   %b = bf16[128,256]{{1,0}} parameter(1)
   %x = f32[1024]{{0}} parameter(2)
@@ -86,6 +94,10 @@ ENTRY %main (a: bf16[64,128], b: bf16[128,256], x: f32[1024], q: bf16[{B},{T},{H
   %pallas = (bf16[{B},{T},{H},{D}]{{3,2,1,0}}, f32[{B},{H},{T}]{{2,1,0}}) custom-call(%q, %q, %q), custom_call_target="__gpu$xla.gpu.triton", metadata={{op_name="jit(train_step)/layers_0/attention/relbias_flash_forward/pallas_call"}}, backend_config={{debug = false, grid_x = {B} : i32, grid_y = {H} : i32, grid_z = 8 : i32}}
   %scatter = bf16[65536,64]{{1,0}} fusion(%tab, %ids, %upd), kind=kInput, calls=%fused_scatter, metadata={{op_name="jit(train_step)/embeddings/scatter-add"}}
   %scatter32 = f32[65536,64]{{1,0}} fusion(%tab32, %ids, %upd32), kind=kInput, calls=%fused_scatter32, metadata={{op_name="jit(train_step)/embeddings/scatter-add"}}
+  %stack = f32[12,768,64]{{2,1,0}} parameter(10)
+  %slice = f32[1,768,64]{{2,1,0}} parameter(11)
+  %i = s32[] parameter(12)
+  %dus = f32[12,768,64]{{2,1,0}} fusion(%stack, %slice, %i), kind=kLoop, calls=%fused_dus, metadata={{op_name="jit(train_step)/while/body/dynamic_update_slice"}}
   %loop = (s32[], bf16[1024]{{0}}) while(%init), condition=%cond, body=%body, backend_config={{"known_trip_count":{{"n":"12"}}}}
   ROOT %r = f32[] constant(0)
 }}
@@ -117,6 +129,16 @@ def test_counts_flops_and_bytes_of_each_op():
     # in place: the updated rows, read and written, and the indices; not the whole table
     assert ops["scatter32"].bytes_written == 100 * 64 * 4
     assert ops["scatter32"].bytes_read == 100 * 4 + 100 * 64 * 4 + 100 * 64 * 4
+
+
+def test_an_update_in_place_moves_its_slice_not_the_buffer():
+    """A scan writing one layer's gradient into the stacked [12, ...] array: XLA updates the
+    buffer in place, so the op reads and writes the slice (and reads the index)."""
+    dus = _ops()["dus"]
+    assert dus.kind == "gather/scatter"
+    assert dus.bytes_written == 768 * 64 * 4
+    assert dus.bytes_read == 768 * 64 * 4 + 4
+    assert dus.time_s == pytest.approx((2 * 768 * 64 * 4 + 4) / 1e9)
 
 
 def test_kinds_and_loop_trip_counts():
@@ -194,7 +216,7 @@ def test_cli_reads_an_hlo_dump_and_writes_json(tmp_path):
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
     assert {"predicted_step_ms", "predicted_mfu", "ops"} <= set(data)
-    assert len(data["ops"]) == 8  # every op but the free root constant
+    assert len(data["ops"]) == 9  # every op but the free root constant
     assert data["predicted_step_ms"] == pytest.approx(sum(o["predicted_ms"] for o in data["ops"]))
     assert "predicted step" in done.stdout
 

@@ -153,6 +153,33 @@ def _scatter_updates(op: hlo_lib.Op) -> tuple[int, str]:
     return 0, ""
 
 
+def _updated_slices(op: hlo_lib.Op, shapes: dict[str, str]) -> tuple[int, int] | None:
+    """(bytes of the buffers updated in place, bytes of the slices written) of an op whose
+    every result is a dynamic-update-slice into one of its operands (a scan writing layer
+    i's gradient into the stacked array: XLA updates the buffer in place), else None."""
+    ins = op.instruction
+    if ins.op == "dynamic-update-slice":
+        return (hlo_lib.shape_bytes(shapes.get(ins.operands[0], "")),
+                hlo_lib.shape_bytes(shapes.get(ins.operands[1], "")))
+    root = op.body[-1] if op.body else None
+    if root is None:
+        return None
+    names = {i.name: i for i in op.body}
+    results = [names.get(o) for o in root.operands] if root.op == "tuple" else [root]
+    if not results or any(r is None or r.op != "dynamic-update-slice" for r in results):
+        return None
+    index = {i.name: int(i.args) for i in op.body if i.op == "parameter" and i.args.isdigit()}
+    body_shapes = {i.name: i.shape for i in op.body}
+    buffers = slices = 0
+    for r in results:
+        pos = index.get(r.operands[0])
+        if pos is None or pos >= len(ins.operands):
+            return None  # the buffer is computed inside the fusion: not in place
+        buffers += hlo_lib.shape_bytes(shapes.get(ins.operands[pos], ""))
+        slices += hlo_lib.shape_bytes(body_shapes.get(r.operands[1], ""))
+    return buffers, slices
+
+
 def op_cost(op: hlo_lib.Op, chip: Chip, shapes: dict[str, str],
             seq_len: int | None = None,
             optimizer_state: frozenset[str] = frozenset()) -> OpCost:
@@ -174,6 +201,11 @@ def op_cost(op: hlo_lib.Op, chip: Chip, shapes: dict[str, str],
         itemsize = hlo_lib.ITEMSIZE.get(dtype, 4)
         read = read - hlo_lib.shape_bytes(shapes.get(ins.operands[0], "")) + updates * itemsize
         written = updates * itemsize
+    else:
+        in_place = _updated_slices(op, shapes)
+        if in_place is not None:  # a dynamic-update-slice writes its slice into the buffer
+            buffers, slices = in_place
+            read, written = read - buffers, slices  # the slice operand is read already
     terms = {
         "matmul": flops / matmul_rate if flops else 0.0,
         "memory": (read + written) / (chip.hbm_bytes_per_s * eff.memory),
@@ -187,8 +219,7 @@ def op_cost(op: hlo_lib.Op, chip: Chip, shapes: dict[str, str],
             and _table_rows(shapes.get(ins.operands[0], "")) >= HOT_ROW_TABLE):
         terms["atomics"] = updates / eff.atomic_updates_per_s
     roof = max(flops / chip.bf16_flops if flops else 0.0,
-               (op.bytes_read + op.bytes_written) / chip.hbm_bytes_per_s,
-               terms["vector"], terms["special"])
+               (read + written) / chip.hbm_bytes_per_s, terms["vector"], terms["special"])
     bound = max(terms, key=terms.get)
     time = max(terms.values()) + eff.launch_s
     if time <= eff.launch_s:
