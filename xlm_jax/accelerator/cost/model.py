@@ -273,7 +273,11 @@ def analyze(text: str, chip: Chip, seq_len: int | None = None) -> CostReport:
     Triton attention kernels' tile size be read from their grid."""
     module = hlo_lib.parse_module(text)
     opt = hlo_lib.optimizer_state(module)
-    ops = [op_cost(op, chip, module.shapes(op.computation), seq_len, opt)
-           for op in hlo_lib.device_ops(module)]
+    shapes: dict[str, hlo_lib.Shapes] = {}
+    ops = []
+    for op in hlo_lib.device_ops(module):
+        if op.computation not in shapes:  # once per computation, not per op
+            shapes[op.computation] = module.shapes(op.computation)
+        ops.append(op_cost(op, chip, shapes[op.computation], seq_len, opt))
     ops.sort(key=lambda o: -o.time_s)
     return CostReport(chip.name, ops)
