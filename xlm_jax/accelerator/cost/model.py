@@ -220,6 +220,8 @@ def op_cost(op: hlo_lib.Op, chip: Chip, shapes: dict[str, str],
         terms["atomics"] = updates / eff.atomic_updates_per_s
     roof = max(flops / chip.bf16_flops if flops else 0.0,
                (read + written) / chip.hbm_bytes_per_s, terms["vector"], terms["special"])
+    if kind == "collective":  # over the links, at their full rate
+        roof = terms["memory"]
     bound = max(terms, key=terms.get)
     time = max(terms.values()) + eff.launch_s
     if time <= eff.launch_s:
