@@ -51,6 +51,28 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def gin_isolated():
+    """gin's state put back after the test (`tests/testlib/gin_state.py`): for tests that
+    parse gin files, register configurables or call one in this process."""
+    from tests.testlib import gin_state
+
+    with gin_state.isolated():
+        yield
+
+
+@pytest.fixture
+def seqio_isolated():
+    """seqio's Task and Mixture registries and the prepared-data switch put back after the
+    test, less what a tasks module registered when first imported (it stays imported): for
+    tests that register tasks, or register them again over other data
+    (`tests/testlib/process_state.py`, `restored`)."""
+    from tests.testlib import process_state
+
+    with process_state.restored("seqio", "prepared data"):
+        yield
+
+
 @pytest.fixture(scope="session")
 def train_xlmr_spm():
     """`train(input_path, model_prefix, vocab_size, **extra) -> model path`: a small
