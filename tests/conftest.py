@@ -1,5 +1,6 @@
 """Test-wide setup: 8 fake CPU devices, the CPU platform and a compilation cache, set before
-jax is imported.
+jax is imported; every test and test module checked for leaving the process as it found it
+(`tests/testlib/leak_check.py`).
 
 The sharding tests need 8 host devices (mesh data=2, fsdp=2, tensor=2); single-device
 computations simply run on device 0, so every test can share this setting.
@@ -31,6 +32,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import pytest  # noqa: E402  (after the environment above)
+
+# The environment above is the suite's own, set once at start: it is there before the first
+# test, so the leak check (which compares each test's end with its start) takes it as given.
+pytest_plugins = ["tests.testlib.leak_check"]
 
 
 def pytest_collection_modifyitems(config, items):
