@@ -13,7 +13,7 @@ PIP    := $(PY) -m pip
 TORCH  ?= torch==2.13.0
 PINS   := constraints/tpu.txt
 
-.PHONY: demo test test-slow install pins compile-runs clean
+.PHONY: demo test test-slow test-isolation install pins compile-runs clean
 
 # pip byte-compiles every file it installs on one core (20,000 files here, over half of the
 # install's time); compileall does the same work on every core. Its exit status is ignored, as
@@ -37,15 +37,27 @@ demo: $(VENV)/.installed
 # Two workers (pytest-xdist), each test file on one worker so its module fixtures are built
 # once: XLA compiles on one thread, so a second worker fills the second core while the first
 # compiles (measured back to back on the 2-core machine: 27.5 min against 38.6 min serial,
-# docs/NOTES.md). The files go out longest first, in the order tests/conftest.py gives them
-# (`--no-loadscope-reorder` keeps it; tests/testlib/schedule.py says why). TEST_WORKERS=0 runs
-# the suite in one process. `--durations` lists the slowest tests at the end, so every CI log
-# says where the suite's time goes.
+# docs/NOTES.md). The files go out in a random order that keeps the long ones early, drawn
+# from a seed printed at the start and the end of the run (tests/conftest.py; `--no-loadscope-
+# reorder` keeps it; tests/testlib/schedule.py says why); TEST_ORDER_SEED=N draws one order
+# again. Every test and test module fails if it leaves the process changed
+# (tests/testlib/leak_check.py). TEST_WORKERS=0 runs the suite in one process. `--durations`
+# lists the slowest tests at the end, so every CI log says where the suite's time goes.
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
+TEST_ORDER_SEED ?=
+ORDER_SEED := $(if $(TEST_ORDER_SEED),--file-order-seed=$(TEST_ORDER_SEED))
+
 test: $(VENV)/.installed
-	$(PY) -m pytest -q $(XDIST) --durations=15
+	$(PY) -m pytest -q $(XDIST) --durations=15 $(ORDER_SEED)
+
+# Order cannot matter: the whole suite with its files in a uniformly shuffled order (the seed
+# printed; TEST_ORDER_SEED=N repeats one), then every test file alone in a process of its own,
+# TEST_WORKERS at a time (tests/testlib/each_file.py). About an hour on 2 cores.
+test-isolation: $(VENV)/.installed
+	$(PY) -m pytest -q $(XDIST) --file-order=shuffle $(ORDER_SEED)
+	$(PY) -m tests.testlib.each_file --jobs $(if $(filter 0,$(TEST_WORKERS)),1,$(TEST_WORKERS))
 
 # The CUDA plugin alone (jax-cuda12-plugin + jax-cuda12-pjrt at the cuda12 pins: 180 MB, no
 # CUDA libraries, no libcuda) gives compile-only GPUs to `python -m xlm_jax.accelerator.compile --target

@@ -1,11 +1,13 @@
 """Test-wide setup: 8 fake CPU devices, the CPU platform and a compilation cache, set before
-jax is imported.
+jax is imported; the files in a random order that keeps the long ones early; every test and
+test module checked for leaving the process as it found it (`tests/testlib/leak_check.py`).
 
 The sharding tests need 8 host devices (mesh data=2, fsdp=2, tensor=2); single-device
 computations simply run on device 0, so every test can share this setting.
 """
 import atexit
 import os
+import secrets
 import shutil
 import tempfile
 
@@ -32,15 +34,69 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import pytest  # noqa: E402  (after the environment above)
 
+# The environment above is the suite's own, set once at start: it is there before the first
+# test, so the leak check (which compares each test's end with its start) takes it as given.
+pytest_plugins = ["tests.testlib.leak_check"]
+
+ORDER_ENV, SEED_ENV = "XLM_JAX_TEST_FILE_ORDER", "XLM_JAX_TEST_ORDER_SEED"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("xlm_jax file order")
+    group.addoption("--file-order", choices=schedule.ORDERS,
+                    default=os.environ.get(ORDER_ENV, "weighted"),
+                    help="weighted: random, long files early (default); shuffle: uniformly "
+                         f"random; longest: longest first; given: as collected, the command line's "
+                         f"order (env {ORDER_ENV})")
+    group.addoption("--file-order-seed", type=int,
+                    default=int(os.environ[SEED_ENV]) if os.environ.get(SEED_ENV) else None,
+                    help=f"the seed of a random file order, to run one again (env {SEED_ENV}; "
+                         "default: a new one, printed at the start and the end)")
+
+
+def _file_order(config) -> tuple[str, int]:
+    """(order, seed): the seed drawn once by the controller and handed to xdist's workers
+    (`pytest_configure_node`), which must collect the same order."""
+    worker = getattr(config, "workerinput", None)
+    if worker is not None and "file_order_seed" in worker:
+        return config.getoption("file_order"), worker["file_order_seed"]
+    if config.getoption("file_order_seed") is None:
+        config.option.file_order_seed = secrets.randbelow(1_000_000)
+    return config.getoption("file_order"), config.getoption("file_order_seed")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["file_order_seed"] = _file_order(node.config)[1]
+
+
+def _order_line(config) -> str:
+    how, seed = _file_order(config)
+    if how in ("longest", "given"):
+        return f"file order: {how} (not random)"
+    return (f"file order: {how}, seed {seed} (the same order again: --file-order={how} "
+            f"--file-order-seed={seed})")
+
+
+def pytest_report_header(config):
+    return _order_line(config)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    terminalreporter.write_line(_order_line(config))
+
 
 def pytest_collection_modifyitems(config, items):
-    """The files run longest first (`tests/testlib/schedule.py` says why), each file's tests in
-    their own order. Tests marked `slow` (minutes each: base-size shapes, a whole demo, a wheel
+    """The files in a random order in which the long ones come early (`schedule.order`; the
+    module docstring of tests/testlib/schedule.py says why both), each file's tests in their
+    own order. Tests marked `slow` (minutes each: base-size shapes, a whole demo, a wheel
     install) are skipped unless XLM_JAX_SLOW_TESTS is set (`make test-slow` sets it and
     selects them)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     files = {id(item): os.path.relpath(str(item.path), root) for item in items}
-    order = schedule.longest_first(list(dict.fromkeys(files.values())), schedule.file_seconds())
+    how, seed = _file_order(config)
+    order = schedule.order(list(dict.fromkeys(files.values())), schedule.file_seconds(), how,
+                           seed)
     rank = {f: n for n, f in enumerate(order)}
     items.sort(key=lambda item: rank[files[id(item)]])
     if os.environ.get("XLM_JAX_SLOW_TESTS"):
@@ -49,6 +105,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def gin_isolated():
+    """gin's state put back after the test (`tests/testlib/gin_state.py`): for tests that
+    parse gin files, register configurables or call one in this process."""
+    from tests.testlib import gin_state
+
+    with gin_state.isolated():
+        yield
+
+
+@pytest.fixture
+def seqio_isolated():
+    """seqio's Task and Mixture registries and the prepared-data switch put back after the
+    test, less what a tasks module registered when first imported (it stays imported): for
+    tests that register tasks, or register them again over other data
+    (`tests/testlib/process_state.py`, `restored`)."""
+    from tests.testlib import process_state
+
+    with process_state.restored("seqio", "prepared data"):
+        yield
 
 
 @pytest.fixture(scope="session")

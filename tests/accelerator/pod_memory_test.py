@@ -12,9 +12,14 @@ import gin
 import jax
 import pytest
 
+from tests.testlib import gin_state
 from tests.testlib.xla_flags import FAST_COMPILE
 from xlm_jax.accelerator import pod_memory
 from xlm_jax.train import gin_utils
+
+# gin to each test itself: the operative config its calls record is put back after it
+# (tests/testlib/gin_state.py; issue 56).
+pytestmark = pytest.mark.usefixtures("gin_isolated")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The CLI as on a jax-only host: tensorflow/seqio look uninstalled.
@@ -40,13 +45,16 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def tiny_gin():
-    """The tiny configuration parsed in this process (8 devices from tests/conftest.py)."""
-    gin.clear_config()
-    gin_utils.parse(["runs/xlmr_base_mmlm.gin"], [
-        *gin_utils.SYNTHETIC_RUN_MACROS, "loop.model_config.size = 'tiny'",
-        "loop.model_config.overrides = {'num_layers': 2}", "loop.model_config.dtype = 'float32'"])
-    yield
-    gin.clear_config()
+    """The tiny configuration parsed in this process (8 devices from tests/conftest.py), for
+    the module's tests; gin's state put back after them (tests/testlib/gin_state.py)."""
+    with gin_state.isolated():
+        gin.clear_config()
+        gin_utils.parse(["runs/xlmr_base_mmlm.gin"], [
+            *gin_utils.SYNTHETIC_RUN_MACROS, "loop.model_config.size = 'tiny'",
+            "loop.model_config.overrides = {'num_layers': 2}",
+            "loop.model_config.dtype = 'float32'"])
+        yield
+        gin.clear_config()
 
 
 def _whole(hlo: str, ops=None) -> list:

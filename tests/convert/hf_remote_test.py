@@ -27,6 +27,12 @@ import pytest  # noqa: E402
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+# transformers puts its remote-code module cache on sys.path the first time it loads remote
+# code, once per process; done here, at import, so that no test is the one that changes
+# sys.path (tests/testlib/leak_check.py).
+from transformers.dynamic_module_utils import init_hf_modules  # noqa: E402
+
+init_hf_modules()
 
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402

@@ -15,6 +15,10 @@ from xlm_jax.data.pipeline import make_batch_iterator  # noqa: E402
 from xlm_jax.data.vocab import get_vocabulary  # noqa: E402
 
 
+# seqio's registries put back after each test: the tests register tasks (issue 56).
+pytestmark = pytest.mark.usefixtures("seqio_isolated")
+
+
 def one_line(excinfo):
     msg = str(excinfo.value)
     assert "\n" not in msg, msg

@@ -18,6 +18,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 pytest.importorskip("sentencepiece")
 
+from tests.testlib import process_state  # noqa: E402
 from xlm_jax.data.pipeline import make_batch_iterator  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -78,8 +79,10 @@ def corpus(tmp_path_factory, train_xlmr_spm):
     (root / "hash_batches.py").write_text(HASH_SCRIPT)
     ns = {}
     exec(REGISTER, ns)  # pylint: disable=exec-used
-    ns["register"](str(root))  # the same registrations in this process
-    return str(root)
+    # the same registrations in this process, for the module's tests; gone after them
+    with process_state.restored("seqio"):
+        ns["register"](str(root))
+        yield str(root)
 
 
 def test_same_seed_same_batches_in_two_fresh_processes(corpus):

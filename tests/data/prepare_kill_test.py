@@ -19,7 +19,8 @@ def _shard_counts(directory: str) -> int:
                for _, _, names in os.walk(directory) for name in names)
 
 
-def test_prepare_killed_mid_way_and_rerun_writes_what_an_uninterrupted_run_writes(tmp_path):
+def test_prepare_killed_mid_way_and_rerun_writes_what_an_uninterrupted_run_writes(
+        tmp_path, seqio_isolated):
     root = pc.write(str(tmp_path / "corpus"))
     de = os.path.join(root, "mono", "de.txt")  # 12 MB of German documents: ~90 work units
     make_corpus.write_language(de, make_corpus.sentences(make_corpus.demo_mono_dir(), "de"),

@@ -10,17 +10,21 @@ import collections
 import importlib
 import os
 import shutil
-import sys
 
 import numpy as np
 import pytest
 import seqio
 
 from tests.testlib import prepared_corpus as pc
+from tests.testlib import process_state
 from xlm_jax.data import converters, prepared, registry
 from xlm_jax.data import prepare as prepare_lib
 from xlm_jax.data import prepared_files as pf
 from xlm_jax.data.vocab import get_vocabulary
+
+# seqio's registries and the prepared-data switch put back after each test: the tests
+# register tasks, or register them again over other data (issue 56).
+pytestmark = pytest.mark.usefixtures("seqio_isolated")
 
 TASKS = ["pd_mono_de", "pd_mono_fr", "pd_veco_de", "pd_pairs_en_de", "pd_pairs_en_fr",
          "pd_mixup"]
@@ -33,10 +37,8 @@ def corpus(tmp_path_factory):
     out = os.path.join(root, "prepared")
     r = pc.prepare(root, out)
     assert r.returncode == 0, r.stderr[-3000:]
-    sys.path.insert(0, root)
-    yield root, out, r.stdout
-    sys.path.remove(root)
-    prepared.use(None)
+    with process_state.restored("seqio", "prepared data"), pc.on_path(root):
+        yield root, out, r.stdout
 
 
 def _module(root: str | None):

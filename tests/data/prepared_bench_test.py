@@ -9,22 +9,26 @@ import numpy as np
 import pytest
 
 from tests.testlib import prepared_corpus as pc
+from tests.testlib import process_state
 from xlm_jax.data import pipeline_bench
 from xlm_jax.data import prepared_files as pf
 
-pytestmark = pytest.mark.skipif(pipeline_bench.bytes_read() is None,
-                                reason="needs /proc/self/io (Linux)")
+# seqio's registries and the prepared-data switch put back after each test: the tests
+# register tasks again over the prepared data (issue 56).
+pytestmark = [pytest.mark.skipif(pipeline_bench.bytes_read() is None,
+                                 reason="needs /proc/self/io (Linux)"),
+              pytest.mark.usefixtures("seqio_isolated")]
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = pc.write(str(tmp_path_factory.mktemp("corpus")))
     out = os.path.join(root, "prepared")
-    pc.prepare_here(root, out, pattern="pd_mono")
-    yield root, out
-    from xlm_jax.data import prepared
-
-    prepared.use(None)
+    # prep_tasks importable for the module's tests, which register its tasks again over the
+    # prepared data; seqio, the prepared-data switch and sys.path as before after them
+    with process_state.restored("seqio", "prepared data"), pc.on_path(root):
+        pc.prepare_here(root, out, pattern="pd_mono")
+        yield root, out
 
 
 def _bench(tmp_path, *args):

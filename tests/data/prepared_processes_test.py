@@ -18,7 +18,12 @@ import numpy as np
 import pytest
 
 from tests.testlib import prepared_corpus as pc
+from tests.testlib import process_state
 from tests.testlib.cli_run import ROOT, env
+
+# seqio's registries and the prepared-data switch put back after each test: the tests
+# register tasks again over the prepared data (issue 56).
+pytestmark = pytest.mark.usefixtures("seqio_isolated")
 
 TASK = "pd_mono"  # the German (plain text, several units) and French (xz) documents
 
@@ -27,11 +32,11 @@ TASK = "pd_mono"  # the German (plain text, several units) and French (xz) docum
 def corpus(tmp_path_factory):
     root = pc.write(str(tmp_path_factory.mktemp("corpus")))
     out = os.path.join(root, "prepared")
-    pc.prepare_here(root, out, pattern=TASK)
-    yield root, out
-    from xlm_jax.data import prepared
-
-    prepared.use(None)
+    # prep_tasks importable for the module's tests, which register its tasks again over the
+    # prepared data; seqio, the prepared-data switch and sys.path as before after them
+    with process_state.restored("seqio", "prepared data"), pc.on_path(root):
+        pc.prepare_here(root, out, pattern=TASK)
+        yield root, out
 
 
 def _port() -> int:

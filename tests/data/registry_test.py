@@ -28,6 +28,10 @@ WORDS = {lang: [f"{lang}{w}" for w in ("alpha", "beta", "gamma", "delta", "eps",
          for lang in ("en", "fr", "sw", "de")}
 
 
+# seqio's registries put back after each test: the tests register tasks (issue 56).
+pytestmark = pytest.mark.usefixtures("seqio_isolated")
+
+
 def _sentence(rnd, lang):
     return " ".join(rnd.choice(WORDS[lang]) for _ in range(rnd.randint(2, 7)))
 

@@ -24,6 +24,10 @@ NUM_EXAMPLES = 30_000
 Z_MAX = 4.5
 
 
+# seqio's registries put back after each test: the tests register tasks (issue 56).
+pytestmark = pytest.mark.usefixtures("seqio_isolated")
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, train_xlmr_spm):
     root = tmp_path_factory.mktemp("sampling")

@@ -9,7 +9,8 @@ from xlm_jax.data import registry, stats_cache
 SPM = "tasks/demo_data/spm.model"
 
 
-def test_a_large_file_is_announced_once_with_its_time(tmp_path, monkeypatch, caplog):
+def test_a_large_file_is_announced_once_with_its_time(tmp_path, monkeypatch, caplog,
+                                                      seqio_isolated):
     text = "".join(f"Satz Nummer {i} des Dokuments.\n" + ("\n" if i % 5 == 4 else "")
                    for i in range(2000))
     (tmp_path / "de.txt").write_text(text, encoding="utf-8")

@@ -124,7 +124,8 @@ def test_synthetic_features_and_pipeline_modules_do_not_import_tensorflow():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
-def test_real_converted_batches_follow_the_same_contract(tmp_path, train_xlmr_spm):
+def test_real_converted_batches_follow_the_same_contract(tmp_path, train_xlmr_spm,
+                                                         seqio_isolated):
     """The checker above also accepts what the real pipelines produce (so synthetic == real
     in layout), for all four kinds."""
     pytest.importorskip("tensorflow")

@@ -473,9 +473,11 @@ def test_unknown_task_split_language(data_dir):
         read_tfds("mlqa", "test", "ja", data_dir=data_dir)
 
 
-def test_finetuning_reads_the_same_examples_from_tfds(data_dir):
+def test_finetuning_reads_the_same_examples_from_tfds(data_dir, gin_isolated):
     """`FinetuneTask(source="tfds")`: the task's train/dev/test come from the prepared TFDS
-    datasets (zero-shot: English train and dev, every language's test)."""
+    datasets (zero-shot: English train and dev, every language's test). FinetuneTask is
+    gin-configurable: calling it records gin's operative config, which `gin_isolated` puts
+    back."""
     from xlm_jax.finetune import tasks as tasks_lib
 
     data = tasks_lib.load(tasks_lib.FinetuneTask(xtreme_task="pawsx", data_dir=data_dir,

@@ -18,6 +18,10 @@ from xlm_jax.finetune import rows as rows_lib
 from xlm_jax.finetune import run
 from xlm_jax.finetune import tasks as tasks_lib
 
+# gin to each test itself: its registry, bindings and operative config put back after it
+# (tests/testlib/gin_state.py; issue 56).
+pytestmark = pytest.mark.usefixtures("gin_isolated")
+
 ROOT = cli_run.ROOT
 SPM = os.path.join(ROOT, "tasks", "demo_data", "spm.model")
 NAMES = ["Anna", "Peter", "Maria", "Jonas", "Lena", "Paul", "Sofia", "Karl"]

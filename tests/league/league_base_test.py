@@ -15,6 +15,10 @@ from xlm_jax.league import plan
 from xlm_jax.league import score as league_score
 from xlm_jax.train import gin_utils
 
+# gin to each test itself: its registry, bindings and operative config put back after it
+# (tests/testlib/gin_state.py; issue 56).
+pytestmark = pytest.mark.usefixtures("gin_isolated")
+
 SHIPPED = gin_utils.shipped_path(runner.SHIPPED_BASE)
 
 

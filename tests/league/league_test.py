@@ -27,6 +27,10 @@ from xlm_jax.league import score as league_score
 from xlm_jax.league import xlme_generator
 from xlm_jax.train import gin_utils
 
+# gin to each test itself: its registry, bindings and operative config put back after it
+# (tests/testlib/gin_state.py; issue 56).
+pytestmark = pytest.mark.usefixtures("gin_isolated")
+
 TINY = "league/tiny.gin"
 TATOEBA = os.path.join(ROOT, "tasks", "demo_data", "tatoeba")
 

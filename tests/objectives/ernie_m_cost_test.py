@@ -7,7 +7,13 @@ against its `xlm`; the shipped default must be the setting whose cost is nearer 
 Run with `-s` to print the figures docs/fidelity.md ("CAMLM passes") quotes."""
 import dataclasses
 
+import pytest
+
 from xlm_jax.league import plan
+
+# gin to each test itself: its registry, bindings and operative config put back after it
+# (tests/testlib/gin_state.py; issue 56).
+pytestmark = pytest.mark.usefixtures("gin_isolated")
 
 PAPER_RATIO = 1.075  # ERNIE-M's cost over XLM-R + TLM (paper §4.3)
 LEAGUE_BUDGET_TFLOP = 6.0  # the league's default budget per cell (docs/league.md)

@@ -120,18 +120,14 @@ def test_a_cut_sentence_leaves_room_for_the_target_side():
 
 
 @pytest.mark.parametrize("run_file", ["runs/ernie_m_base.gin", "league/ernie_m.gin"])
-def test_run_files_give_btmlm_the_target_positions_of_camlm(run_file):
+def test_run_files_give_btmlm_the_target_positions_of_camlm(run_file, gin_isolated):
     import gin
 
     from xlm_jax.train import gin_utils
 
-    gin.clear_config()
-    try:
-        gin_utils.parse([run_file], [], check_required=False)
-        camlm = gin.query_parameter("camlm/ernie_m.CrossAttentionMLM.restart_positions")
-        btmlm = gin.query_parameter("btmlm/ernie_m.BackTranslationMLM.restart_positions")
-        restart = gin.query_parameter("%RESTART_TARGET_POSITIONS")
-    finally:
-        gin.clear_config()
+    gin_utils.parse([run_file], [], check_required=False)
+    camlm = gin.query_parameter("camlm/ernie_m.CrossAttentionMLM.restart_positions")
+    btmlm = gin.query_parameter("btmlm/ernie_m.BackTranslationMLM.restart_positions")
+    restart = gin.query_parameter("%RESTART_TARGET_POSITIONS")
     assert restart is True  # both files restart the target's positions (our choice)
     assert camlm.scoped_selector == btmlm.scoped_selector == "RESTART_TARGET_POSITIONS/gin.macro"

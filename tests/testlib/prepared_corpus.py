@@ -8,11 +8,13 @@ en-de as the shipped line-aligned `.xz` pair (one unit) and en-fr as a plain TSV
 byte ranges at lines). `prep_tasks.py` registers four tasks of every kind over them."""
 from __future__ import annotations
 
+import contextlib
 import lzma
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 
 from tests.testlib.cli_run import ROOT, env
 
@@ -92,12 +94,26 @@ def prepare_here(root: str, output_dir: str, pattern: str = PATTERN,
     from xlm_jax.data import registry  # pylint: disable=g-import-not-at-top
     from xlm_jax.data.prepare_worker import run_unit  # pylint: disable=g-import-not-at-top
 
-    if root not in sys.path:
+    with on_path(root):
+        with registry.preparing():
+            importlib.reload(importlib.import_module(MODULE))
+        prepare_lib.prepare([pattern], output_dir, split_bytes, out=io.StringIO(),
+                            run_units=lambda items, _: [run_unit(i) for i in items])
+
+
+@contextlib.contextmanager
+def on_path(root: str) -> Iterator[None]:
+    """`root` (where `write` put `prep_tasks.py`) first on sys.path for the block, unless it is
+    there already; sys.path as before after it. `prep_tasks` stays imported: a tasks module
+    registers its tasks when first imported, and a reload finds it on sys.path again."""
+    added = root not in sys.path
+    if added:
         sys.path.insert(0, root)
-    with registry.preparing():
-        importlib.reload(importlib.import_module(MODULE))
-    prepare_lib.prepare([pattern], output_dir, split_bytes, out=io.StringIO(),
-                        run_units=lambda items, _: [run_unit(i) for i in items])
+    try:
+        yield
+    finally:
+        if added:
+            sys.path.remove(root)
 
 
 def tree(directory: str) -> dict[str, bytes]:

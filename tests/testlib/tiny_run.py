@@ -12,6 +12,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from tests.testlib import process_state
 from xlm_jax.objectives.mlm import MaskedLM
 from xlm_jax.train import checkpoints, evaluators, loop, optim, partitioning
 
@@ -48,7 +49,10 @@ def train_tiny(model_dir: Any, steps: int, *, model: dict | None = None,
     if every:
         kw["evaluators"] = [*kw.get("evaluators", ()),
                             evaluators.HeldOutLoss(every=every, num_batches=batches)]
-    with contextlib.redirect_stdout(out or open(os.devnull, "w")):
+    # `loop.train` is gin-configurable: each call records its arguments in gin's operative
+    # config (what the trainer writes to operative_config.gin), which outlives the call;
+    # `restored` puts gin back, so the next run in this process writes only its own.
+    with contextlib.redirect_stdout(out or open(os.devnull, "w")), process_state.restored("gin"):
         return loop.train(
             str(model_dir), model=loop.model_config("tiny", {**TINY_MODEL, **(model or {})}),
             objectives=objectives or mlm_objectives(), train_steps=steps, batch_size=batch,

@@ -7,9 +7,14 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests.testlib.cli_run import ROOT, env
 from tests.testlib.cli_run import run as train
+
+# gin to each test itself: its registry, bindings and operative config put back after it
+# (tests/testlib/gin_state.py; issue 56).
+pytestmark = pytest.mark.usefixtures("gin_isolated")
 
 SYNTH = "--gin_file=demo/synthetic.gin"
 

@@ -18,6 +18,10 @@ from tests.testlib.cli_run import params as _params
 from tests.testlib.cli_run import run as _run
 from tests.testlib.cli_run import state as _state
 
+# gin to each test itself: its registry, bindings and operative config put back after it
+# (tests/testlib/gin_state.py; issue 56).
+pytestmark = pytest.mark.usefixtures("gin_isolated")
+
 SYNTH = "--gin_file=demo/synthetic.gin"
 
 

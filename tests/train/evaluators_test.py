@@ -19,6 +19,10 @@ from xlm_jax.encoder import load_encoder
 from xlm_jax.evaluation import probe
 from xlm_jax.train import actions, checkpoints, cli, evaluators, gin_utils, loop, optim
 
+# gin to each test itself: its registry, bindings and operative config put back after it
+# (tests/testlib/gin_state.py; issue 56).
+pytestmark = pytest.mark.usefixtures("gin_isolated")
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO_DATA = os.path.join(REPO_ROOT, "tasks", "demo_data")
 SPM = os.path.join(DEMO_DATA, "spm.model")

@@ -14,6 +14,10 @@ from tests.testlib.cli_run import env as _env
 from tests.testlib.cli_run import run as _run
 from xlm_jax.train import gin_utils
 
+# gin to each test itself: its registry, bindings and operative config put back after it
+# (tests/testlib/gin_state.py; issue 56).
+pytestmark = pytest.mark.usefixtures("gin_isolated")
+
 TYPO = "--gin.TRIAN_STEPS=3"
 
 
@@ -135,6 +139,16 @@ def test_an_unimportable_task_module_is_one_line_and_debug_shows_the_traceback(t
         r = _run(args + extra, timeout=120, **environ)
         assert r.returncode != 0 and "Traceback (most recent call last)" in r.stderr
         assert "ImportError: loop.train.task_modules=my_taks: cannot import" in r.stderr
+
+
+def test_parsing_again_adds_no_search_path_twice():
+    """A process that parses many times (the league plans every recipe) searches each
+    directory once; gin's list of search paths grew by one copy per parse."""
+    _parse(["demo/mmlm_tlm.gin"], list(gin_utils.SYNTHETIC_RUN_MACROS))
+    searched = list(gin.config._LOCATION_PREFIXES)
+    _parse(["demo/mmlm_tlm.gin"], list(gin_utils.SYNTHETIC_RUN_MACROS))
+    assert gin.config._LOCATION_PREFIXES == searched
+    assert len(set(searched)) == len(searched)
 
 
 def test_a_file_macro_stays_valid_when_a_binding_overrides_the_parameter_using_it():

@@ -17,6 +17,10 @@ SMALL = {"vocab_size": 8002, "num_layers": 1, "hidden_size": 16, "num_heads": 2,
          "max_positions": 66, "dropout_rate": 0.0, "attention_dropout_rate": 0.0}
 
 
+# seqio's registries put back after each test: the tests register tasks (issue 56).
+pytestmark = pytest.mark.usefixtures("seqio_isolated")
+
+
 def _register(name, language_list):
     return registry.register_monolingual(name, os.path.join(DEMO, "mono"), ["en", "fr"],
                                          os.path.join(DEMO, "spm.model"),

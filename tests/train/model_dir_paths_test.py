@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -52,6 +53,22 @@ def _epath_tf_decision_cache_clear() -> None:
     from etils.epath import gpath  # private: the cache of `_GPath._backend`'s TF check
 
     gpath._is_tf_installed.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _google_auth_logging(monkeypatch):
+    """google-auth turns the propagation of the "google" logger off at its first request, once
+    per process (`google.auth._helpers.is_logging_enabled`, its `_LOGGING_INITIALIZED`); the
+    logger and the flag are put back after each test, so no test leaves them changed
+    (tests/testlib/leak_check.py)."""
+    try:
+        from google.auth import _helpers
+    except ImportError:  # no google-auth: nothing sets it
+        return
+    monkeypatch.setattr(_helpers, "_LOGGING_INITIALIZED",
+                        getattr(_helpers, "_LOGGING_INITIALIZED", False), raising=False)
+    base = logging.getLogger("google")
+    monkeypatch.setattr(base, "propagate", base.propagate)
 
 
 @pytest.fixture(scope="module")

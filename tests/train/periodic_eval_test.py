@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from testlib.tiny_run import TINY_MODEL, mlm_objectives
+from tests.testlib import process_state
 from xlm_jax import model_dir as md
 from xlm_jax.encoder import load_encoder
 from xlm_jax.evaluation import retrieval
@@ -98,8 +99,9 @@ def test_checkpoint_config_errors():
 
 def _train(model_dir, steps, checkpoint, retrieval_eval, **kw):
     """`train_tiny`'s run (TINY_MODEL with the demo vocabulary, synthetic MMLM + TLM) with a
-    CheckpointConfig of our own (train_tiny builds its own, without keep_best)."""
-    with contextlib.redirect_stdout(io.StringIO()):
+    CheckpointConfig of our own (train_tiny builds its own, without keep_best); gin's
+    operative config, which the call records, put back after it (as train_tiny does)."""
+    with contextlib.redirect_stdout(io.StringIO()), process_state.restored("gin"):
         return loop.train(
             str(model_dir), model=loop.model_config("tiny", {**TINY_MODEL, **MODEL}),
             objectives=mlm_objectives(), train_steps=steps, batch_size=8, seq_len=32,

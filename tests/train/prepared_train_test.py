@@ -12,23 +12,28 @@ import shutil
 import pytest
 
 from tests.testlib import prepared_corpus as pc
-from tests.testlib import tiny_run
+from tests.testlib import process_state, tiny_run
 from xlm_jax.models.config import get_config
 from xlm_jax.objectives.mlm import MaskedLM
 from xlm_jax.train import data_state, loop, mixture, setup, streams
 from xlm_jax.train.resume import ResumeInfo
 
 
+# seqio's registries and the prepared-data switch put back after each test: the tests
+# register tasks again over the prepared data (issue 56).
+pytestmark = pytest.mark.usefixtures("seqio_isolated")
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = pc.write(str(tmp_path_factory.mktemp("corpus")))
     out = os.path.join(root, "prepared")
-    pc.prepare_here(root, out, pattern="pd_mono")
-    pc.prepare_here(root, out, pattern="pd_pairs")
-    yield root, out
-    from xlm_jax.data import prepared
-
-    prepared.use(None)
+    # prep_tasks importable for the module's tests, which register its tasks again over the
+    # prepared data; seqio, the prepared-data switch and sys.path as before after them
+    with process_state.restored("seqio", "prepared data"), pc.on_path(root):
+        pc.prepare_here(root, out, pattern="pd_mono")
+        pc.prepare_here(root, out, pattern="pd_pairs")
+        yield root, out
 
 
 def _specs():

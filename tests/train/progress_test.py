@@ -15,6 +15,10 @@ from xlm_jax.objectives.mlm import MaskedLM
 from xlm_jax.objectives.xlme import ReplacedTokenDetection as XLME
 from xlm_jax.train import gin_utils, step, writers
 
+# gin to each test itself: its registry, bindings and operative config put back after it
+# (tests/testlib/gin_state.py; issue 56).
+pytestmark = pytest.mark.usefixtures("gin_isolated")
+
 DEMOS = sorted(glob.glob(os.path.join(gin_utils.PACKAGE_ROOT, "gin_configs", "demo", "*.gin")))
 
 

@@ -25,15 +25,17 @@ def _build(factory, languages=LANGUAGES):
 
 
 @pytest.fixture
-def gin_btmlm():
-    """`@btmlm/ernie_m.BackTranslationMLM` as a gin file names it: gin's configurable subclass."""
-    gin.clear_config()
-    gin.external_configurable(BackTranslationMLM, module="run_arguments_test")
-    gin.parse_config(["btmlm/run_arguments_test.BackTranslationMLM.target_languages = "
-                      "['fr', 'zh']",
-                      "f = @btmlm/run_arguments_test.BackTranslationMLM"])
-    yield gin.query_parameter("%f").scoped_configurable_fn
-    gin.clear_config()
+def gin_btmlm(gin_isolated):
+    """`@btmlm/ernie_m.BackTranslationMLM` as a run file names it (dynamic registration under
+    the class's own module path, as the run files do): gin's configurable subclass. It was
+    registered here under a name of this file's once, which gin's `clear_config` does not
+    undo: every later gin file naming the class by its module then found no bindings for it
+    (issue 56); `gin_isolated` puts gin's registry back after the test."""
+    gin.parse_config(["from __gin__ import dynamic_registration",
+                      "from xlm_jax.objectives import ernie_m",
+                      "btmlm/ernie_m.BackTranslationMLM.target_languages = ['fr', 'zh']",
+                      "f = @btmlm/ernie_m.BackTranslationMLM"])
+    return gin.query_parameter("%f").scoped_configurable_fn
 
 
 def test_a_gin_configured_class_gets_the_run_language_table(gin_btmlm):

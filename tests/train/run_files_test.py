@@ -6,6 +6,10 @@ import pytest
 
 from xlm_jax.train import gin_utils
 
+# gin to each test itself: its registry, bindings and operative config put back after it
+# (tests/testlib/gin_state.py; issue 56).
+pytestmark = pytest.mark.usefixtures("gin_isolated")
+
 REQUIRED = ["TASK_MODULES=[]", "MONO_TASK='m'", "PAIR_TASK='p'", "INIT_FROM='x'",
             "TARGET_LANGUAGES=['de']", "VECO_MONO_TASK='vm'", "VECO_BI_TASK='vb'",
             "XLCO_TASK='x'"]

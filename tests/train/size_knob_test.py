@@ -15,6 +15,10 @@ import pytest
 from xlm_jax.models.config import get_config
 from xlm_jax.train import gin_utils, sizing
 
+# gin to each test itself: its registry, bindings and operative config put back after it
+# (tests/testlib/gin_state.py; issue 56).
+pytestmark = pytest.mark.usefixtures("gin_isolated")
+
 ROOT = os.path.join(os.path.dirname(gin_utils.__file__), "..", "..", "gin_configs")
 # Files under the three directories that are not run files: what they are instead.
 NOT_RUN_FILES = {

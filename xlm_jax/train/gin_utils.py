@@ -97,8 +97,9 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str],
     exactly one of `placeholders` (the tools' `SYNTHETIC_RUN_MACROS`) may go unused."""
     paths = list(search_paths) + default_search_paths()
     files = [find_gin_file(f, paths) for f in gin_files]
+    searched = gin.config._LOCATION_PREFIXES  # gin offers no public way to read them
     for p in paths:
-        if os.path.isdir(p):
+        if os.path.isdir(p) and p not in searched:  # once: a process may parse many times
             gin.add_config_file_search_path(p)
     _make_file_checks_safe()
     with _quiet_include_lookup(), one_line_errors((), files):

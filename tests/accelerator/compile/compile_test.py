@@ -14,6 +14,7 @@ tests run where it is installed (`make test-slow` installs it).
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import gin
 import pytest
@@ -37,10 +38,18 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
 
 
 @pytest.fixture(autouse=True)
-def _environment():
-    targets.prepare_environment(TPU)  # libtpu quiet; jax itself stays on the CPU
+def _environment(gin_isolated):
+    """The tool's environment for the test (libtpu quiet; jax itself stays on the CPU), and the
+    process's environment and gin state as they were after it: `prepare_environment` is the
+    CLI's set-up of its own process, and each test here makes it again."""
+    own = {"PYTEST_CURRENT_TEST"}  # pytest's, which it sets and removes itself
+    saved = {k: v for k, v in os.environ.items() if k not in own}
+    targets.prepare_environment(TPU)
     yield
     gin.clear_config()
+    for name in set(os.environ) - set(saved) - own:
+        del os.environ[name]
+    os.environ.update(saved)
 
 
 def _compile(run_file: str, bindings: list[str], target=TPU, **kw):
