@@ -63,6 +63,12 @@ HLO = f"""HloModule jit_train_step, entry_computation_layout={{(bf16[64,128]{{1,
   ROOT %d = f32[12,768,64]{{2,1,0}} dynamic-update-slice(%p0, %p1, %p2, %z, %z)
 }}
 
+%fused_conv (p0: bf16[2,128,128,1], p1: bf16[128,4,32,1]) -> bf16[2,128,4,32] {{
+  %p0 = bf16[2,128,128,1]{{2,1,3,0:T(8,128)(2,1)}} parameter(0)
+  %p1 = bf16[128,4,32,1]{{0,2,1,3:T(8,128)(2,1)}} parameter(1)
+  ROOT %conv = bf16[2,128,4,32]{{3,1,2,0:T(8,128)(2,1)}} convolution(%p0, %p1), window={{size=1x4 pad=0_0x3_3 rhs_reversal=0x1}}, dim_labels=0bf1_i1o0->0b1f
+}}
+
 %body (arg: (s32[], bf16[1024])) -> (s32[], bf16[1024]) {{
   %arg = (s32[], bf16[1024]{{0}}) parameter(0)
   %i = s32[] get-tuple-element(%arg), index=0
@@ -76,7 +82,7 @@ HLO = f"""HloModule jit_train_step, entry_computation_layout={{(bf16[64,128]{{1,
   ROOT %p = pred[] constant(true)
 }}
 
-ENTRY %main (a: bf16[64,128], b: bf16[128,256], x: f32[1024], q: bf16[{B},{T},{H},{D}], tab: bf16[65536,64], ids: s32[100,1], upd: bf16[100,64], tab32: f32[65536,64], upd32: f32[100,64], init: (s32[], bf16[1024]), stack: f32[12,768,64], slice: f32[1,768,64], i: s32[]) -> f32[] {{
+ENTRY %main (a: bf16[64,128], b: bf16[128,256], x: f32[1024], q: bf16[{B},{T},{H},{D}], tab: bf16[65536,64], ids: s32[100,1], upd: bf16[100,64], tab32: f32[65536,64], upd32: f32[100,64], init: (s32[], bf16[1024]), stack: f32[12,768,64], slice: f32[1,768,64], i: s32[], xq: bf16[2,128,128,1], wq: bf16[128,4,32,1]) -> f32[] {{
   %a = bf16[64,128]{{1,0}} parameter(0)
   %b = bf16[128,256]{{1,0}} parameter(1)
   %x = f32[1024]{{0}} parameter(2)
@@ -98,6 +104,9 @@ ENTRY %main (a: bf16[64,128], b: bf16[128,256], x: f32[1024], q: bf16[{B},{T},{H
   %slice = f32[1,768,64]{{2,1,0}} parameter(11)
   %i = s32[] parameter(12)
   %dus = f32[12,768,64]{{2,1,0}} fusion(%stack, %slice, %i), kind=kLoop, calls=%fused_dus, metadata={{op_name="jit(train_step)/while/body/dynamic_update_slice"}}
+  %xq = bf16[2,128,128,1]{{2,1,3,0}} parameter(13)
+  %wq = bf16[128,4,32,1]{{0,2,1,3}} parameter(14)
+  %proj = bf16[2,128,4,32]{{3,1,2,0}} fusion(%xq, %wq), kind=kOutput, calls=%fused_conv, metadata={{op_name="jit(train_step)/layers_0/attention/query/dot_general"}}
   %loop = (s32[], bf16[1024]{{0}}) while(%init), condition=%cond, body=%body, backend_config={{"known_trip_count":{{"n":"12"}}}}
   ROOT %r = f32[] constant(0)
 }}
@@ -129,6 +138,16 @@ def test_counts_flops_and_bytes_of_each_op():
     # in place: the updated rows, read and written, and the indices; not the whole table
     assert ops["scatter32"].bytes_written == 100 * 64 * 4
     assert ops["scatter32"].bytes_read == 100 * 4 + 100 * 64 * 4 + 100 * 64 * 4
+
+
+def test_a_convolution_counts_only_the_taps_on_real_input():
+    """XLA:TPU's per-head query projection (copied from a v5e compile of the tiny model): x
+    [2 x 128 tokens, 128 features] times W [128, 4 heads x 32], written as a convolution whose
+    window of 4 slides over the heads with 3 of padding each side, so one tap per output is
+    real: 2 x 256 x 128 x 128 FLOPs, not 4 times that."""
+    proj = _ops()["proj"]
+    assert proj.kind == "matmul"
+    assert proj.flops == 2 * (2 * 128) * 128 * 128
 
 
 def test_an_update_in_place_moves_its_slice_not_the_buffer():
@@ -216,7 +235,7 @@ def test_cli_reads_an_hlo_dump_and_writes_json(tmp_path):
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
     assert {"predicted_step_ms", "predicted_mfu", "ops"} <= set(data)
-    assert len(data["ops"]) == 9  # every op but the free root constant
+    assert len(data["ops"]) == 10  # every op but the free root constant
     assert data["predicted_step_ms"] == pytest.approx(sum(o["predicted_ms"] for o in data["ops"]))
     assert "predicted step" in done.stdout
 
@@ -226,6 +245,7 @@ needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
 
 
 @needs_libtpu
+@pytest.mark.slow  # a TPU compile of a whole step (40 s); the unit tests above read the same ops
 def test_cli_compiles_a_run_file_for_a_tpu_and_sees_its_matmuls(tmp_path):
     out = tmp_path / "cost.json"
     done = _cli("--target", "v5e:2x2", "--gin_file=runs/xlmr_base_mmlm.gin", "--size", "tiny",
