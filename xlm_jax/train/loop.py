@@ -163,10 +163,9 @@ def train(model_dir: str,
     if loss_normalization not in step_lib.LOSS_NORMALIZATIONS:
         raise ValueError(f"loop.train.loss_normalization={loss_normalization!r}: expected one "
                          f"of {', '.join(step_lib.LOSS_NORMALIZATIONS)}")
-    # jax's persistent cache, before anything compiles: a restart loads the executables
+    # jax's persistent cache, before anything compiles: a restart loads the executables (its
+    # line prints once set-up has passed: a run that fails there prints only its error)
     cache, cache_line = compile_cache.configure(compilation_cache_dir)
-    if jax.process_index() == 0:
-        print(cache_line, flush=True)
     ckpt = ckpt_lib.Checkpointer(model_dir, checkpoint)  # fails now if model_dir is unwritable
     shapes = mixture.resolve(objectives, batch_size, seq_len)
     device_mesh = partitioning.make_mesh(mesh, jax.devices()[:num_devices] if num_devices else None)
@@ -212,6 +211,7 @@ def train(model_dir: str,
             print(f"mixture: {mixture.describe(shapes)}", flush=True)
         step_fn = setup.jit_train_step(objs, parts, device_mesh, accum_steps, loss_normalization)
         if is_primary:
+            print(cache_line, flush=True)
             print(f"loss = {step_lib.loss_composition(objs, loss_normalization)}", flush=True)
         # objectives whose state must be ready at step 1 (XLCo's queue): forward passes of the
         # initial parameters over their streams' first batches, once per run
