@@ -52,6 +52,9 @@ def pytest_addoption(parser):
                     default=int(os.environ[SEED_ENV]) if os.environ.get(SEED_ENV) else None,
                     help=f"the seed of a random file order, to run one again (env {SEED_ENV}; "
                          "default: a new one, printed at the start and the end)")
+    group.addoption("--file-seconds", metavar="PATH", default=None,
+                    help="write the seconds each test file took to PATH (JSON, the format of "
+                         "tests/file_seconds.json)")
 
 
 def _file_order(config) -> tuple[str, int]:
@@ -82,7 +85,27 @@ def pytest_report_header(config):
     return _order_line(config)
 
 
+# Seconds per test file (setup, call and teardown of its tests), summed from the reports the
+# run's workers send: the end of every run lists the slowest files, and `--file-seconds=PATH`
+# writes them all as tests/file_seconds.json's format (to refresh the schedule's table).
+_FILE_SECONDS: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::")[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter, config):
+    if _FILE_SECONDS and not hasattr(config, "workerinput"):
+        total = sum(_FILE_SECONDS.values())
+        terminalreporter.write_sep("=", f"slowest test files ({total:.0f} s of tests in all)")
+        slowest = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:15]
+        for path, seconds in slowest:
+            terminalreporter.write_line(f"{seconds:8.1f}s {path}")
+        out = config.getoption("file_seconds")
+        if out:
+            schedule.write_table(_FILE_SECONDS, out)
     terminalreporter.write_line(_order_line(config))
 
 

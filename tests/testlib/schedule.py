@@ -18,8 +18,11 @@ of longest-first's at the 99th percentile, against +45 s for a uniform shuffle, 
 pays nothing for it. `shuffle` (uniform) is for `make test-isolation`, where more pairs of
 files meet in both orders and the wall time matters less.
 
-Refresh the table after a change that moves the suite's time a lot (the standard library only):
+Refresh the table after a change that moves the suite's time a lot: `make test` with
+`--file-seconds` (every run prints its 15 slowest files at the end), or from a log (the
+standard library only):
 
+    .venv/bin/python -m pytest -q -n 2 --dist loadfile --file-seconds=tests/file_seconds.json
     .venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=0 > durations.log
     python -m tests.testlib.schedule durations.log
 """
@@ -106,11 +109,16 @@ def main(argv: Sequence[str]) -> int:
     if not seconds:
         print(f"error: {argv[0]}: no `--durations=0` rows", file=sys.stderr)
         return 1
-    with open(TABLE, "w", encoding="utf-8") as f:
-        json.dump({k: round(v, 1) for k, v in sorted(seconds.items())}, f, indent=1)
-        f.write("\n")
+    write_table(seconds)
     print(f"{TABLE}: {len(seconds)} files, {sum(seconds.values()):.0f} s")
     return 0
+
+
+def write_table(seconds: dict[str, float], path: str = TABLE) -> None:
+    """{test file: seconds} as JSON, sorted, to a tenth of a second (`file_seconds` reads it)."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({k: round(v, 1) for k, v in sorted(seconds.items())}, f, indent=1)
+        f.write("\n")
 
 
 if __name__ == "__main__":
