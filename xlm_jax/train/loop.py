@@ -28,6 +28,7 @@ from xlm_jax.train import checkpoints as ckpt_lib
 from xlm_jax.train import compile_cache
 from xlm_jax.train import streams as streams_lib
 from xlm_jax.train import evaluators as evaluators_lib
+from xlm_jax.train import host_gc
 from xlm_jax.train import step_flops as flops_lib
 from xlm_jax.train import health as health_lib
 from xlm_jax.train import writers as writers_lib
@@ -114,7 +115,8 @@ def train(model_dir: str,
           profile_steps: int = 0,
           actions: Sequence[actions_lib.Action] = (),
           health: health_lib.HealthConfig = health_lib.HealthConfig(),
-          compilation_cache_dir: str | None = compile_cache.AUTO) -> TrainResult:
+          compilation_cache_dir: str | None = compile_cache.AUTO,
+          gc_freeze: bool = True) -> TrainResult:
     """Trains the objective mixture; resumes from the latest checkpoint in `model_dir`.
 
     `data_resume` says how the input streams continue after a restart: "checkpoint" (saves
@@ -155,6 +157,9 @@ def train(model_dir: str,
     set, else the user's cache directory on a GPU/TPU, else none), a directory (local or
     gs://), or None/'' (none). The first step is compiled ahead of its call, and the line
     `step compiled in N s: ...` says whether the executable came from the cache.
+    `gc_freeze`: the objects alive when the step loop starts are frozen out of Python's
+    garbage collector for the loop (`train.host_gc`: a full collection stalled an H200's
+    dispatch for 168 ms).
     Progress lines go to stdout (`contextlib.redirect_stdout` to silence them).
     """
     # ---- setup: everything that can fail does so here, before anything is compiled
@@ -244,37 +249,38 @@ def train(model_dir: str,
         pending: list[tuple[int, Any]] = []  # (step, its metrics still on the device)
         done, preempted = resume.step, False
         step_compile = None
-        for step in range(resume.step, train_steps):
-            for action in run_actions:
-                action.before(step)
-            t0 = time.perf_counter()
-            local = {name: next(streams[name]) for name in mixture.running(shapes, step)}
-            batches = {name: setup.global_batch(b, device_mesh) for name, b in local.items()}
-            if step == resume.step:  # compiled ahead of the first call, which then runs it
-                step_compile = compile_cache.compile_timed(step_fn, state, batches, rng,
-                                                           cache_dir=cache.path)
-                if is_primary:
-                    print(f"step compiled in {step_compile.timing()}: "
-                          f"{step_compile.describe()}; set-up took {t0 - started:.1f} s",
-                          flush=True)
-            with jax.profiler.StepTraceAnnotation("train", step_num=step):
-                state, metrics = step_fn(state, batches, rng)
-            done = step + 1
-            pending.append((done, metrics))
-            preempted = watch.reached(done)  # SIGTERM: save this step, then stop
-            final = done == train_steps or preempted
-            end = actions_lib.StepEnd(done, final, preempted, saver.will_save(done, final),
-                                      _tokens(local, model.pad_id), ckpt.wait)
-            if any(action.due(end) for action in run_actions):
-                end.metrics = actions_lib.read_metrics(pending, objs, ckpt, model_dir)
-                pending.clear()
-            step_seconds.append(time.perf_counter() - t0)
-            for action in run_actions:
-                action(end, state)
-            if preempted:
-                print(f"preempted (SIGTERM) at step {done}: checkpoint saved; the same "
-                      "command resumes from it", flush=True)
-                break
+        with host_gc.frozen_heap(gc_freeze):  # no full collection stalls the dispatch
+            for step in range(resume.step, train_steps):
+                for action in run_actions:
+                    action.before(step)
+                t0 = time.perf_counter()
+                local = {name: next(streams[name]) for name in mixture.running(shapes, step)}
+                batches = {name: setup.global_batch(b, device_mesh) for name, b in local.items()}
+                if step == resume.step:  # compiled ahead of the first call, which then runs it
+                    step_compile = compile_cache.compile_timed(step_fn, state, batches, rng,
+                                                               cache_dir=cache.path)
+                    if is_primary:
+                        print(f"step compiled in {step_compile.timing()}: "
+                              f"{step_compile.describe()}; set-up took {t0 - started:.1f} s",
+                              flush=True)
+                with jax.profiler.StepTraceAnnotation("train", step_num=step):
+                    state, metrics = step_fn(state, batches, rng)
+                done = step + 1
+                pending.append((done, metrics))
+                preempted = watch.reached(done)  # SIGTERM: save this step, then stop
+                final = done == train_steps or preempted
+                end = actions_lib.StepEnd(done, final, preempted, saver.will_save(done, final),
+                                          _tokens(local, model.pad_id), ckpt.wait)
+                if any(action.due(end) for action in run_actions):
+                    end.metrics = actions_lib.read_metrics(pending, objs, ckpt, model_dir)
+                    pending.clear()
+                step_seconds.append(time.perf_counter() - t0)
+                for action in run_actions:
+                    action(end, state)
+                if preempted:
+                    print(f"preempted (SIGTERM) at step {done}: checkpoint saved; the same "
+                          "command resumes from it", flush=True)
+                    break
         for action in reversed(run_actions):
             action.close()
         writer.close()
