@@ -71,9 +71,8 @@ class Chip:
 # the ops in that HLO over their measured kernel time. The Pallas tile speedup is the ratio of
 # the attention forward + backward measured with 128 x 128 tiles (2.49 ms) and 64 x 64 tiles
 # (1.00 ms) at [32, 512, 12, 64] bf16, dropout 0.1, in the same session
-# (docs/experiments/gpu_probe.py). H200 runs the same GH100 chip: the same fractions are
-# assumed of its own (faster) memory; the H200's only measured point, 122.3 ms for the same
-# step, checks them (docs/performance.md).
+# (docs/experiments/gpu_probe.py). The H200 (the same GH100 chip, faster memory) has its
+# own calibration below.
 _HOPPER_EFFICIENCY = Efficiency(
     matmul=0.755,
     memory=0.79,
@@ -84,6 +83,23 @@ _HOPPER_EFFICIENCY = Efficiency(
     source="H100 SXM, jax 0.11.2, xlmr_base 32 x 512 at 1905b5d (trace + optimised HLO)",
 )
 
+# Calibrated on one H200 SXM (jax 0.11.2, CUDA 13) from the trace and optimised HLO of the
+# same step at commit 17c6179 (`accelerator.check`, docs/performance.md "Measured after the
+# changes"): per kind, the roofline time of the ops in that HLO over their measured kernel
+# time. Its Pallas kernels ran 64 x 64 tiles: the fractions below are those measured divided
+# by the H100's tile speedup, so that 64-row tiles predict what was measured (forward 4.14,
+# dkv 3.06, dq 2.39 ms for 12 layers); the H200's faster memory is reached at a lower
+# fraction than the H100's (0.62 against 0.79: 17.7 ms of memory-bound kernels).
+_H200_EFFICIENCY = Efficiency(
+    matmul=0.768,
+    memory=0.624,
+    attention=(("forward", 0.0755 / 2.49), ("dkv", 0.2044 / 2.49), ("dq", 0.1962 / 2.49)),
+    attention_small_tile_speedup=2.49,
+    atomic_updates_per_s=0.449e9,
+    launch_s=0.17e-6,
+    source="H200 SXM, jax 0.11.2, xlmr_base 32 x 512 at 17c6179 (trace + optimised HLO)",
+)
+
 _SM_RATE = 132 * 1.98e9  # SMs x boost clock, H100/H200 [WP]
 
 CHIPS: dict[str, Chip] = {
@@ -92,7 +108,7 @@ CHIPS: dict[str, Chip] = {
                  _HOPPER_EFFICIENCY),
     "h200": Chip("NVIDIA H200 SXM", "gpu", 989e12, 4.8e12, _SM_RATE * 128, _SM_RATE * 16,
                  450e9, f"{_H200}; {_HOPPER_WP}; NVLink 900 GB/s both directions",
-                 _HOPPER_EFFICIENCY),
+                 _H200_EFFICIENCY),
     "b200": Chip("NVIDIA B200", "gpu", 2.25e15, 8e12, 148 * 1.9e9 * 128, 148 * 1.9e9 * 16,
                  900e9, f"{_B200}; SM count and clock: our assumption (148 SMs, 1.9 GHz); "
                  "not calibrated (Hopper's fractions are not assumed)"),
