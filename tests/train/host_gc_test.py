@@ -1,5 +1,5 @@
-"""The step loop runs with the set-up's objects frozen out of Python's collector
-(`train.host_gc`): a full collection there stalled an H200's dispatch for 168 ms."""
+"""The step loop runs with the objects alive after its first step frozen out of Python's
+collector (`train.host_gc`): a full collection there stalled an H200's dispatch for 168 ms."""
 import gc
 
 from testlib.tiny_run import train_tiny as _train
@@ -11,29 +11,33 @@ class _Cycle:
         self.me = self
 
 
-def test_frozen_heap_collects_freezes_and_puts_back():
+def test_freeze_collects_then_freezes_once_and_leaving_puts_back():
     gc.collect()
-    garbage = _Cycle()
-    del garbage  # a reference cycle: only the collector frees it
     assert gc.get_freeze_count() == 0
     kept = _Cycle()
-    with host_gc.frozen_heap() as frozen:
-        # the cycle was collected before the freeze, so it is not among the frozen objects;
-        # the live one is, and a full collection no longer visits it
+    with host_gc.FrozenHeap() as heap:
+        assert gc.get_freeze_count() == 0  # nothing until the loop asks
+        garbage = _Cycle()
+        del garbage  # a reference cycle: only the collector frees it
+        frozen = heap.freeze()
         assert frozen > 0 and gc.get_freeze_count() > 0
+        # the cycle was collected before the freeze; the live one is frozen: a full
+        # collection no longer visits it
         assert not any(type(o) is _Cycle and o is not kept for o in gc.get_objects())
-        assert gc.is_tracked(kept) and not any(o is kept for o in gc.get_objects(2))
+        assert gc.is_tracked(kept) and not any(o is kept for o in gc.get_objects())
+        assert heap.freeze() == frozen  # once
     assert gc.get_freeze_count() == 0
     assert any(o is kept for o in gc.get_objects())
-    with host_gc.frozen_heap(enabled=False) as frozen:
-        assert frozen == 0 and gc.get_freeze_count() == 0
+    with host_gc.FrozenHeap(enabled=False) as heap:
+        assert heap.freeze() == 0 and gc.get_freeze_count() == 0
 
 
 def test_a_caller_s_own_freeze_is_left_frozen():
     gc.freeze()
     try:
         outer = gc.get_freeze_count()
-        with host_gc.frozen_heap():
+        with host_gc.FrozenHeap() as heap:
+            heap.freeze()
             assert gc.get_freeze_count() >= outer
         assert gc.get_freeze_count() >= outer > 0
     finally:
@@ -48,11 +52,11 @@ class _FreezeCount(actions.Action):
         self.seen.append(gc.get_freeze_count())
 
 
-def test_the_step_loop_runs_frozen_and_leaves_nothing_frozen(tmp_path):
+def test_the_step_loop_runs_frozen_from_its_first_step_and_leaves_nothing_frozen(tmp_path):
     on, off = _FreezeCount(), _FreezeCount()
     result = _train(tmp_path / "on", 3, actions=[on])
     assert gc.get_freeze_count() == 0
     reference = _train(tmp_path / "off", 3, actions=[off], gc_freeze=False)
-    assert len(on.seen) == 3 and min(on.seen) > 10_000  # jax, flax, the model: all frozen
+    assert len(on.seen) == 3 and min(on.seen) > 10_000  # jax, flax, the compiled step
     assert off.seen == [0, 0, 0]
     assert result.losses == reference.losses  # the collector changes no number

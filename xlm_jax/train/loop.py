@@ -157,8 +157,8 @@ def train(model_dir: str,
     set, else the user's cache directory on a GPU/TPU, else none), a directory (local or
     gs://), or None/'' (none). The first step is compiled ahead of its call, and the line
     `step compiled in N s: ...` says whether the executable came from the cache.
-    `gc_freeze`: the objects alive when the step loop starts are frozen out of Python's
-    garbage collector for the loop (`train.host_gc`: a full collection stalled an H200's
+    `gc_freeze`: the objects alive after the first step's dispatch are frozen out of Python's
+    garbage collector for the rest of the loop (`train.host_gc`: a full collection stalled an H200's
     dispatch for 168 ms).
     Progress lines go to stdout (`contextlib.redirect_stdout` to silence them).
     """
@@ -249,7 +249,7 @@ def train(model_dir: str,
         pending: list[tuple[int, Any]] = []  # (step, its metrics still on the device)
         done, preempted = resume.step, False
         step_compile = None
-        with host_gc.frozen_heap(gc_freeze):  # no full collection stalls the dispatch
+        with host_gc.FrozenHeap(gc_freeze) as heap:  # no full collection stalls the dispatch
             for step in range(resume.step, train_steps):
                 for action in run_actions:
                     action.before(step)
@@ -265,6 +265,8 @@ def train(model_dir: str,
                               flush=True)
                 with jax.profiler.StepTraceAnnotation("train", step_num=step):
                     state, metrics = step_fn(state, batches, rng)
+                if step == resume.step:  # compiled and dispatched: what is alive now stays
+                    heap.freeze()
                 done = step + 1
                 pending.append((done, metrics))
                 preempted = watch.reached(done)  # SIGTERM: save this step, then stop
