@@ -42,14 +42,18 @@ def _environment(gin_isolated):
     """The tool's environment for the test (libtpu quiet; jax itself stays on the CPU), and the
     process's environment and gin state as they were after it: `prepare_environment` is the
     CLI's set-up of its own process, and each test here makes it again."""
-    own = {"PYTEST_CURRENT_TEST"}  # pytest's, which it sets and removes itself
-    saved = {k: v for k, v in os.environ.items() if k not in own}
+    saved = dict(os.environ)
     targets.prepare_environment(TPU)
+    # only what the tool's set-up changed is undone: a module the test imports first may set
+    # variables of its own at import (TensorFlow, libtpu), which stay as every import leaves them
+    changed = {k for k in set(saved) | set(os.environ) if saved.get(k) != os.environ.get(k)}
     yield
     gin.clear_config()
-    for name in set(os.environ) - set(saved) - own:
-        del os.environ[name]
-    os.environ.update(saved)
+    for name in changed:
+        if name in saved:
+            os.environ[name] = saved[name]
+        else:
+            os.environ.pop(name, None)
 
 
 def _compile(run_file: str, bindings: list[str], target=TPU, **kw):
