@@ -158,8 +158,8 @@ def train(model_dir: str,
     gs://), or None/'' (none). The first step is compiled ahead of its call, and the line
     `step compiled in N s: ...` says whether the executable came from the cache.
     `gc_freeze`: the objects alive after the first step's dispatch are frozen out of Python's
-    garbage collector for the rest of the loop (`train.host_gc`: a full collection stalled an H200's
-    dispatch for 168 ms).
+    garbage collector for the rest of the loop (`train.host_gc`: a full collection stalled
+    an H200's dispatch for 168 ms).
     Progress lines go to stdout (`contextlib.redirect_stdout` to silence them).
     """
     # ---- setup: everything that can fail does so here, before anything is compiled
@@ -205,7 +205,10 @@ def train(model_dir: str,
         [o.objective for o in objs], seq_len, [shapes[o.name] for o in objs])
 
     watch = preemption.PreemptionWatch(ckpt.reached_preemption, jax.process_count())
-    with partitioning.activate(device_mesh, rules), watch:
+    # after the first step, the objects alive are frozen out of Python's collector: no full
+    # collection stalls the dispatch (`train.host_gc`)
+    with partitioning.activate(device_mesh, rules), watch, \
+            host_gc.FrozenHeap(gc_freeze) as heap:
         state, resume = setup.initial_state(ckpt, parts, objs, model, seed, init_from,
                                             model_dir, seqio_tasks)
         tasks = {name: (f"{streams_lib.SYNTHETIC}{o.objective.kind}" if force_synthetic else spec.task)
@@ -249,40 +252,39 @@ def train(model_dir: str,
         pending: list[tuple[int, Any]] = []  # (step, its metrics still on the device)
         done, preempted = resume.step, False
         step_compile = None
-        with host_gc.FrozenHeap(gc_freeze) as heap:  # no full collection stalls the dispatch
-            for step in range(resume.step, train_steps):
-                for action in run_actions:
-                    action.before(step)
-                t0 = time.perf_counter()
-                local = {name: next(streams[name]) for name in mixture.running(shapes, step)}
-                batches = {name: setup.global_batch(b, device_mesh) for name, b in local.items()}
-                if step == resume.step:  # compiled ahead of the first call, which then runs it
-                    step_compile = compile_cache.compile_timed(step_fn, state, batches, rng,
-                                                               cache_dir=cache.path)
-                    if is_primary:
-                        print(f"step compiled in {step_compile.timing()}: "
-                              f"{step_compile.describe()}; set-up took {t0 - started:.1f} s",
-                              flush=True)
-                with jax.profiler.StepTraceAnnotation("train", step_num=step):
-                    state, metrics = step_fn(state, batches, rng)
-                if step == resume.step:  # compiled and dispatched: what is alive now stays
-                    heap.freeze()
-                done = step + 1
-                pending.append((done, metrics))
-                preempted = watch.reached(done)  # SIGTERM: save this step, then stop
-                final = done == train_steps or preempted
-                end = actions_lib.StepEnd(done, final, preempted, saver.will_save(done, final),
-                                          _tokens(local, model.pad_id), ckpt.wait)
-                if any(action.due(end) for action in run_actions):
-                    end.metrics = actions_lib.read_metrics(pending, objs, ckpt, model_dir)
-                    pending.clear()
-                step_seconds.append(time.perf_counter() - t0)
-                for action in run_actions:
-                    action(end, state)
-                if preempted:
-                    print(f"preempted (SIGTERM) at step {done}: checkpoint saved; the same "
-                          "command resumes from it", flush=True)
-                    break
+        for step in range(resume.step, train_steps):
+            for action in run_actions:
+                action.before(step)
+            t0 = time.perf_counter()
+            local = {name: next(streams[name]) for name in mixture.running(shapes, step)}
+            batches = {name: setup.global_batch(b, device_mesh) for name, b in local.items()}
+            if step == resume.step:  # compiled ahead of the first call, which then runs it
+                step_compile = compile_cache.compile_timed(step_fn, state, batches, rng,
+                                                           cache_dir=cache.path)
+                if is_primary:
+                    print(f"step compiled in {step_compile.timing()}: "
+                          f"{step_compile.describe()}; set-up took {t0 - started:.1f} s",
+                          flush=True)
+            with jax.profiler.StepTraceAnnotation("train", step_num=step):
+                state, metrics = step_fn(state, batches, rng)
+            if step == resume.step:  # compiled and dispatched: what is alive now stays
+                heap.freeze()
+            done = step + 1
+            pending.append((done, metrics))
+            preempted = watch.reached(done)  # SIGTERM: save this step, then stop
+            final = done == train_steps or preempted
+            end = actions_lib.StepEnd(done, final, preempted, saver.will_save(done, final),
+                                      _tokens(local, model.pad_id), ckpt.wait)
+            if any(action.due(end) for action in run_actions):
+                end.metrics = actions_lib.read_metrics(pending, objs, ckpt, model_dir)
+                pending.clear()
+            step_seconds.append(time.perf_counter() - t0)
+            for action in run_actions:
+                action(end, state)
+            if preempted:
+                print(f"preempted (SIGTERM) at step {done}: checkpoint saved; the same "
+                      "command resumes from it", flush=True)
+                break
         for action in reversed(run_actions):
             action.close()
         writer.close()
