@@ -81,8 +81,16 @@ def test_every_objective_survives_sigkill_and_resumes_exactly(tmp_path):
     assert len(losses) == 20
 
 
-def test_sigkill_then_resume_is_exact(tmp_path):
-    straight, killed, a = _sigkill_resume(tmp_path, SYNTH)
+def test_a_run_writes_its_losses_flops_and_provenance_to_tensorboard_and_files(tmp_path):
+    """What a CLI run leaves besides its checkpoints. (A SIGKILL and its exact resume are
+    `test_every_objective_survives_sigkill_and_resumes_exactly` above, every objective at once,
+    and tests/train/random_kill_test.py, five random kills of this run file with dropout and
+    asynchronous saves; this test ran a third kill of its own until issue 56.)"""
+    straight = str(tmp_path / "straight")
+    r = _run([SYNTH, f"--model_dir={straight}"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    a = _losses(straight)
+    assert sorted(a) == list(range(1, 21))
 
     # TensorBoard event files of the real run hold the same losses.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
