@@ -12,11 +12,14 @@ import io
 import logging
 import os
 import re
+import sys
 import tokenize
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import gin
+
+from xlm_jax.train import gin_imports
 
 # The directory that holds `xlm_jax` and `tasks`: the repository in a checkout or an editable
 # install, site-packages (or a --target directory) after `pip install .`.
@@ -105,8 +108,10 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str],
     with _quiet_include_lookup(), one_line_errors((), files):
         gin.parse_config_files_and_bindings(files, None, finalize_config=False)
     file_refs = used_macros()  # before the bindings override the parameters that use them
-    with one_line_errors(bindings):
-        gin.parse_config_files_and_bindings([], bindings, finalize_config=False)
+    # the bindings see the files' imports, as a line of a gin file would (gin_imports.py)
+    with_imports = gin_imports.preamble(bindings) + list(bindings)
+    with one_line_errors(with_imports):
+        gin.parse_config_files_and_bindings([], with_imports, finalize_config=False)
     resolve_shipped_paths()
     missing = missing_required_macros() if check_required else []
     if missing:
@@ -200,6 +205,9 @@ def _close_names(name: str, known: Sequence[str]) -> list[str]:
 # gin's own wording of the mistakes `one_line_errors` rewrites, and where it says they are.
 _NO_PARAMETER = re.compile(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'")
 _NO_CONFIGURABLE = re.compile(r"No configurable matching '([^']+)'")
+# ... and under dynamic registration (a name resolved through a gin file's `import`)
+_NO_ATTRIBUTE = re.compile(r"Couldn't resolve selector ([\w.]+); <module '([\w.]+)'")
+_NO_IMPORT = re.compile(r"'(\w+)' was not provided by an import statement")
 _IN_BINDINGS = re.compile(r"In bindings string line (\d+)")
 _IN_FILE = re.compile(r'In file "([^"]+)", line (\d+)')
 # A value gin reads as a name (it fails to parse) that is a string once quoted: a path, a
@@ -232,6 +240,12 @@ def one_line_errors(bindings: Sequence[str], files: Sequence[str] = ()
         hint = (parameter_hint(param[1], param[2], flag) if param
                 else configurable_hint(configurable[1]))
         raise GinConfigError(f"{where}: {hint}") from e
+    except (AttributeError, NameError) as e:
+        missing, alias = _NO_ATTRIBUTE.search(str(e)), _NO_IMPORT.search(str(e))
+        if not (missing or alias):
+            raise
+        where, _ = _error_location(str(e), bindings)
+        raise GinConfigError(f"{where}: {dynamic_name_hint(missing, alias)}") from e
     except tokenize.TokenError as e:  # an unclosed bracket: gin says neither where nor which
         bad = ([binding_flag(b) for b in bindings if not _tokenizes(b)]
                + [f for f in files if not _tokenizes(open(f, encoding="utf-8").read())])
@@ -269,6 +283,24 @@ def configurable_hint(selector: str) -> str:
     close = _close_names(selector, sorted(names))
     return (f"no configurable {selector}"
             + (f"; did you mean {' or '.join(close)}?" if close else ""))
+
+
+def dynamic_name_hint(missing: re.Match | None, alias: re.Match | None) -> str:
+    """A name a gin file's import should provide (dynamic registration) that it does not:
+    'no configurable A.B; did you mean A.C?' from the module's own names, or which import
+    names are known."""
+    if missing is not None:
+        selector, module = missing[1], sys.modules.get(missing[2])
+        prefix, name = selector.rsplit(".", 1)
+        names = [n for n in dir(module) if not n.startswith("_")
+                 and callable(getattr(module, n)) and not inspect.ismodule(getattr(module, n))
+                 ] if module is not None else []
+        close = [f"{prefix}.{n}" for n in _close_names(name, names)]
+        return (f"no configurable {selector}"
+                + (f"; did you mean {' or '.join(close)}?" if close else ""))
+    known = sorted({s.alias for s in gin.config._IMPORTS if s.alias})  # no public listing
+    return (f"no import named {alias[1]!r} in the gin files (they import "
+            f"{', '.join(known) or 'nothing'})")
 
 
 def _binding_at(bindings: Sequence[str], line: int) -> str | None:
