@@ -34,6 +34,10 @@ TABLE = [
     ("xlm_jax.data.train_spm", "bad value", ["--input_dir", "/nonexistent/corpus",
                                              "--model_prefix", "/nonexistent/spm"], 2,
      "train_spm: error: --input_dir '/nonexistent/corpus' is not a directory"),
+    ("xlm_jax.data.verify", "no args", [], 2, "python -m xlm_jax.data.verify: error: the "
+     "following arguments are required: directory (--help lists every flag)"),
+    ("xlm_jax.data.verify", "bad value", ["/nonexistent/prepared"], 2,
+     "error: verify: /nonexistent/prepared is not a directory"),
     ("xlm_jax.data.prepare", "no args", [], 2, "python -m xlm_jax.data.prepare: error: the "
      "following arguments are required: --tasks, --output_dir (--help lists every flag)"),
     ("xlm_jax.data.prepare", "bad value", ["--tasks", "no_such_task", "--output_dir",

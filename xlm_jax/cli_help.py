@@ -64,18 +64,43 @@ def debug_wanted(args: argparse.Namespace | None = None) -> bool:
 def error_line(e: BaseException, rename: Callable[[str], str] | None = None) -> str:
     """`error: Type: message` on one line (the message's lines joined by ' | '), without gin's
     "In call to configurable ..." lines; `rename` rewrites the joined message (the gin CLIs
-    name a setting by the macro the user gave it, `xlm_jax.train.cli.error_line`)."""
+    name a setting by the macro the user gave it, `xlm_jax.train.cli.error_line`). An error
+    unwrapped from the input pipeline (`pipeline_error`) is named by its own type."""
     lines = [line.strip() for line in str(e).splitlines()
              if line.strip() and not _GIN_CALL_SITE.match(line)]
     message = " | ".join(lines)
-    return f"error: {type(e).__name__}: {rename(message) if rename else message}"
+    kind = getattr(e, "kind", None) or type(e).__name__
+    return f"error: {kind}: {rename(message) if rename else message}"
+
+
+class InputPipelineError(ValueError):
+    """An exception raised inside the input pipeline (a Python function a tf.data map runs),
+    which TensorFlow re-raised as its own error with the Python traceback in the message:
+    `kind` and the message are the original exception's."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+# The last line of a Python traceback that TensorFlow put into its error message.
+_RAISED = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception|Exit)): (.+)$")
+
+
+def pipeline_error(e: BaseException) -> InputPipelineError | None:
+    """The original exception of a TensorFlow error raised from the input pipeline
+    (`tf.errors.OpError` whose message holds a Python traceback), else None."""
+    if not type(e).__module__.startswith("tensorflow"):
+        return None
+    found = [m for m in map(_RAISED.match, str(e).splitlines()) if m]
+    return InputPipelineError(found[-1][1], found[-1][2].strip()) if found else None
 
 
 def run_reporting(fn: Callable[[], int], args: argparse.Namespace | None = None,
                   code: int = 1, describe: Callable[[BaseException], str] = error_line) -> int:
-    """`fn()`'s exit status; a `CLI_ERRORS` exception is printed as one line (`describe`, by
-    default `error_line`) and gives `code`, unless `debug_wanted(args)`, when it propagates
-    with its traceback."""
+    """`fn()`'s exit status; a `CLI_ERRORS` exception, or one raised inside the input pipeline
+    (`pipeline_error`), is printed as one line (`describe`, by default `error_line`) and gives
+    `code`, unless `debug_wanted(args)`, when it propagates with its traceback."""
     try:
         return fn()
     except CLI_ERRORS as e:
@@ -83,6 +108,50 @@ def run_reporting(fn: Callable[[], int], args: argparse.Namespace | None = None,
             raise
         print(describe(e), file=sys.stderr)
         return code
+    except Exception as e:  # noqa: BLE001 - only TensorFlow's wrapping of a pipeline error
+        inner = pipeline_error(e)
+        if inner is None or debug_wanted(args):
+            raise
+        print(describe(inner), file=sys.stderr)
+        return code
+
+
+def exit_with(main: Callable[[], int | None]) -> None:
+    """Runs a CLI's `main()` and ends the process with its status, as `sys.exit(main())`
+    would, except after a failure in a process that has imported TensorFlow: then the streams
+    and logging are flushed and the process ends at once (`os._exit`), skipping the
+    interpreter's shutdown. Why (issue 54): a tf.data iterator destroyed at shutdown waits for
+    the map calls still in flight, which wait for Python, which is shutting down: a prepared
+    shard's read error hung `bench --pipeline` until killed (on a pod, a hung host holds the
+    whole slice). Everything a failed run must keep (checkpoints, metrics, TensorBoard) is
+    written and closed by the run's own `finally` blocks before `main` returns. An exception
+    escaping `main` is printed as Python would (one line for an input-pipeline error), status
+    1."""
+    try:
+        code = main()
+    except SystemExit as e:
+        code = e.code
+    except Exception as e:  # noqa: BLE001 - printed as Python would, then the same exit
+        inner = pipeline_error(e)
+        if "tensorflow" not in sys.modules:
+            raise
+        if inner is not None and not debug_wanted():
+            print(error_line(inner), file=sys.stderr)
+        else:
+            import traceback  # pylint: disable=g-import-not-at-top
+
+            traceback.print_exc()
+        code = 1
+    if code in (0, None) or "tensorflow" not in sys.modules:
+        sys.exit(code)
+    if not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 # TensorFlow's start-up lines on a machine without a GPU, none of which a user can act on: since

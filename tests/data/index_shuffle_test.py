@@ -55,7 +55,8 @@ def test_the_reader_keeps_few_files_open_and_reads_every_record(tmp_path):
     for k in range(60):
         recs = [rng.integers(0, 50000, rng.integers(0, 9)).astype(np.int32) for _ in range(5)]
         name = pf.shard_name(k, 60)
-        n, nbytes, _ = pf.write_shard(str(tmp_path / name), recs)
+        written = pf.write_shard(str(tmp_path / name), recs)
+        n, nbytes = written.records, written.bytes
         shards.append({"name": name, "records": n, "bytes": nbytes})
         records += recs
     before = _fds()

@@ -42,14 +42,15 @@ def test_before_the_preamble_gin_refused_the_same_binding():
 
 def test_the_preamble_holds_the_files_imports_and_only_the_shipped_aliases_the_bindings_use():
     _parse(["demo/mmlm_tlm.gin"], [])
-    lines = gin_imports.preamble(QUICKSTART)
+    lines = gin_imports.preamble(QUICKSTART, gin_utils.GIN_CONFIG_DIRS)
     assert lines[0] == "from __gin__ import dynamic_registration"
     assert "import xlm_jax.train.loop as loop" in lines  # the file's own
     assert "import xlm_jax.train.evaluators as evaluators" in lines  # used by a binding
     assert not any(line.endswith(" as xlme") for line in lines)  # not used, not the file's
     # a name inside a string is no use of the alias
     assert not any(" as evaluators" in line
-                   for line in gin_imports.preamble(["loop.train.spm_model = 'evaluators.x'"]))
+                   for line in gin_imports.preamble(["loop.train.spm_model = 'evaluators.x'"],
+                                                         gin_utils.GIN_CONFIG_DIRS))
 
 
 def test_the_shipped_aliases_are_read_from_the_shipped_files(tmp_path):

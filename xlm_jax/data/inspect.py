@@ -194,4 +194,4 @@ def _show(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli_help.exit_with(main)

@@ -319,4 +319,4 @@ def _mb(n: Optional[int]) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    cli_help.exit_with(lambda: [main(), 0][-1])  # the figures are printed; status 0

@@ -96,14 +96,15 @@ def run_unit(item: WorkItem) -> Optional[pf.ShardCounts]:
     pf.makedirs(item.directory)
     counts, tally = ReadCounts(), {"tokens": 0, "lines": 0}
     try:
-        records, nbytes, sha1 = pf.write_shard(item.prefix, _records(item, counts, tally))
+        written = pf.write_shard(item.prefix, _records(item, counts, tally))
     except (ValueError, OSError) as e:
         pf.write_json(failed, {"error": f"{type(e).__name__}: {e}"})
         return None
     lines = tally["lines"] if item.records == "documents" else counts.lines
-    shard = pf.ShardCounts(records=records, tokens=tally["tokens"], bytes=nbytes, sha1=sha1,
-                           lines=lines, invalid_utf8=counts.invalid_utf8,
-                           malformed=counts.malformed, empty_pairs=counts.empty_pairs)
+    shard = pf.ShardCounts(records=written.records, tokens=tally["tokens"],
+                           bytes=written.bytes, sha1=written.sha1, lines=lines,
+                           invalid_utf8=counts.invalid_utf8, malformed=counts.malformed,
+                           empty_pairs=counts.empty_pairs, index_sha1=written.index_sha1)
     pf.write_json(done, shard.to_json())
     pf.remove(failed)
     return shard

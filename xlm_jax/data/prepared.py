@@ -76,8 +76,10 @@ class PreparedTask:
     def records(self, member: str) -> pf.CorpusRecords:
         """The member's records (built, and so its shards checked, once)."""
         if member not in self._records:
-            self._records[member] = pf.CorpusRecords(os.path.join(self.directory, member),
-                                                     self.manifest["corpora"][member])
+            self._records[member] = pf.CorpusRecords(
+                os.path.join(self.directory, member), self.manifest["corpora"][member],
+                vocab_size=pf.vocab_size(self.manifest["vocabulary"]),
+                records=self.manifest["records"])
         return self._records[member]
 
 

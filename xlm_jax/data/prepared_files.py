@@ -40,8 +40,9 @@ from typing import Any, Optional
 import numpy as np
 
 __all__ = ["FORMAT", "MANIFEST", "PLAN", "RECORD_TYPES", "Corpus", "Plan", "ShardCounts",
-           "CorpusRecords", "PreparedError", "shard_name", "write_shard", "read_json",
-           "write_json", "exists"]
+           "CorpusRecords", "PreparedError", "WrittenShard", "shard_name", "write_shard",
+           "read_json",
+           "write_json", "exists", "vocab_size", "bad_record", "bad_ids"]
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -73,6 +74,24 @@ def exists(path: str) -> bool:
 
 def size(path: str) -> int:
     return _epath(path).stat().length
+
+
+def read_bytes(path: str) -> bytes:
+    return _epath(path).read_bytes()
+
+
+def open_read(path: str):
+    """A binary file object for reading `path` (local or remote)."""
+    return _epath(path).open("rb")
+
+
+def children(path: str) -> list[str]:
+    """The names in directory `path`."""
+    return [p.name for p in _epath(path).iterdir()]
+
+
+def is_dir(path: str) -> bool:
+    return _epath(path).is_dir()
 
 
 def makedirs(path: str) -> None:
@@ -192,18 +211,32 @@ class ShardCounts:
     invalid_utf8: int
     malformed: int
     empty_pairs: int
+    # sha1 of the .idx (`xlm_jax.data.verify` checks it: an index entry moved by a multiple of
+    # 4 within its record's neighbours leaves every other check passing); "" in preparations
+    # made before issue 54, whose indexes are then checked for their form only
+    index_sha1: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "ShardCounts":
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)
+                      if f.name in d or f.default is dataclasses.MISSING})
 
 
-def write_shard(prefix: str, records: Iterable[np.ndarray]) -> tuple[int, int, str]:
-    """Writes `prefix.bin` and `prefix.idx` (each atomically); returns (records, bytes of
-    .bin, sha1 of .bin)."""
+@dataclasses.dataclass(frozen=True)
+class WrittenShard:
+    """What `write_shard` wrote: records, bytes of the .bin, the sha1 of each file."""
+
+    records: int
+    bytes: int
+    sha1: str
+    index_sha1: str
+
+
+def write_shard(prefix: str, records: Iterable[np.ndarray]) -> WrittenShard:
+    """Writes `prefix.bin` and `prefix.idx` (each atomically)."""
     import hashlib  # pylint: disable=g-import-not-at-top
 
     parts, offsets, total = [], [0], 0
@@ -212,10 +245,11 @@ def write_shard(prefix: str, records: Iterable[np.ndarray]) -> tuple[int, int, s
         parts.append(data)
         total += len(data)
         offsets.append(total)
-    blob = b"".join(parts)
+    blob, index = b"".join(parts), np.asarray(offsets, dtype="<i8").tobytes()
     _write_atomic(prefix + ".bin", blob)
-    _write_atomic(prefix + ".idx", np.asarray(offsets, dtype="<i8").tobytes())
-    return len(offsets) - 1, total, hashlib.sha1(blob).hexdigest()
+    _write_atomic(prefix + ".idx", index)
+    return WrittenShard(len(offsets) - 1, total, hashlib.sha1(blob).hexdigest(),
+                        hashlib.sha1(index).hexdigest())
 
 
 # ----------------------------------------------------------------------------- reading
@@ -263,17 +297,62 @@ class _FilePool:
                         os.close(self._open.pop(p)[0])
 
 
+def vocab_size(fingerprint: str) -> Optional[int]:
+    """The vocabulary size a plan's `vocabulary` fingerprint ends with
+    (`stats_cache.vocab_fingerprint`: `spm:SHA:SIZE`), or None where it has none."""
+    tail = fingerprint.rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def bad_record(prefix: str, k: int, start: int, end: int, shard_bytes: int) -> Optional[str]:
+    """Why index entries (`start`, `end`) cannot delimit record `k` of a shard of
+    `shard_bytes` bytes (going backwards, past the end, not whole int32 ids), else None."""
+    if start > end:
+        return f"{prefix}.idx: record {k} ends at byte {end}, before its start {start}"
+    if end > shard_bytes:
+        return f"{prefix}.idx: record {k} ends at byte {end}, past the shard's {shard_bytes}"
+    if start % 4 or end % 4:
+        return (f"{prefix}.idx: record {k} spans bytes {start}-{end}, not whole int32 ids "
+                "(offsets are multiples of 4)")
+    return None
+
+
+def bad_ids(ids: np.ndarray, vocab: Optional[int], pair: bool = False) -> Optional[str]:
+    """Why a record's token ids cannot come from a vocabulary of `vocab` ids (negative, or not
+    below it), else None. A pair's record is `[len(src), src..., tgt...]`: its first number
+    is a length, at most the ids that follow."""
+    if pair:
+        if ids.size == 0 or not 0 <= int(ids[0]) <= ids.size - 1:
+            return (f"a pair record of {ids.size} numbers whose source length is "
+                    f"{int(ids[0]) if ids.size else 'missing'}")
+        ids = ids[1:]
+    if ids.size == 0 or vocab is None:
+        return None
+    low, high = int(ids.min()), int(ids.max())
+    if low >= 0 and high < vocab:
+        return None
+    return f"token id {low if low < 0 else high} outside the vocabulary of {vocab}"
+
+
 class CorpusRecords:
     """The records of one prepared corpus (`TASK/MEMBER/`), read by number.
 
     `entry` is the corpus's entry of the manifest. Every shard is checked when this is built
     (before anything is trained): present, the size the manifest records, an index whose
-    length and last offset match; a mismatch is a one-line `PreparedError` naming the file.
-    At most `open_files` idle files stay open (CC-100 English is over a thousand shards).
+    length, first and last offsets match; a mismatch is a one-line `PreparedError` naming the
+    file. Every record read is checked too, at the cost of a min and max over its ids: index
+    entries that cannot delimit it, and ids outside the vocabulary (`vocab_size`; the
+    manifest's fingerprint gives it) stop the run with one line naming the shard and record,
+    where they used to train silently or end in a NaN loss (issue 54; `xlm_jax.data.verify`
+    checks every byte against the manifest's sha1 ahead of a run). At most `open_files` idle
+    files stay open (CC-100 English is over a thousand shards).
     """
 
-    def __init__(self, directory: str, entry: Mapping[str, Any], open_files: int = 32) -> None:
+    def __init__(self, directory: str, entry: Mapping[str, Any], open_files: int = 32,
+                 vocab_size: Optional[int] = None, records: str = "documents") -> None:
         self.directory = directory
+        self.vocab_size, self._pairs = vocab_size, records == "pairs"
+        self._bytes = [int(s["bytes"]) for s in entry["shards"]]
         self._shards = [s["name"] for s in entry["shards"]]
         counts = np.asarray([s["records"] for s in entry["shards"]], np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
@@ -297,11 +376,12 @@ class CorpusRecords:
                 raise PreparedError(f"{path}: {got} bytes, but the manifest says {want} (a "
                                     f"truncated or replaced {what}); prepare it again into a "
                                     "new directory")
+        first = int(np.frombuffer(self._files.read(prefix + ".idx", 0, 8), "<i8")[0])
         last = int(np.frombuffer(self._files.read(prefix + ".idx", 8 * shard["records"], 8),
                                  "<i8")[0])
-        if last != shard["bytes"]:
-            raise PreparedError(f"{prefix}.idx does not match its shard: it ends at byte {last}, "
-                                f"{prefix}.bin has {shard['bytes']}")
+        if first != 0 or last != shard["bytes"]:
+            raise PreparedError(f"{prefix}.idx does not match its shard: it spans bytes "
+                                f"{first}-{last}, {prefix}.bin has {shard['bytes']}")
 
     def read(self, numbers: np.ndarray) -> list[np.ndarray]:
         """The records `numbers` (ints in [0, num_records)), as int32 arrays, in order."""
@@ -310,10 +390,20 @@ class CorpusRecords:
         out, nbytes = [], 0
         for shard, k in zip(shards.tolist(), (numbers - self._starts[shards]).tolist()):
             prefix = os.path.join(self.directory, self._shards[shard])
-            start, end = np.frombuffer(self._files.read(prefix + ".idx", 8 * k, 16), "<i8")
-            out.append(np.frombuffer(
-                self._files.read(prefix + ".bin", int(start), int(end - start)), "<i4"))
-            nbytes += 16 + int(end - start)
+            start, end = (int(x) for x in
+                          np.frombuffer(self._files.read(prefix + ".idx", 8 * k, 16), "<i8"))
+            wrong = bad_record(prefix, k, start, end, self._bytes[shard])
+            if wrong:
+                raise PreparedError(wrong + "; run python -m xlm_jax.data.verify on the "
+                                    "prepared directory")
+            ids = np.frombuffer(self._files.read(prefix + ".bin", start, end - start), "<i4")
+            wrong = bad_ids(ids, self.vocab_size, self._pairs)
+            if wrong:
+                raise PreparedError(f"{prefix}.bin: record {k}: {wrong} (a damaged shard, or "
+                                    "ids of another SentencePiece model); run python -m "
+                                    "xlm_jax.data.verify on the prepared directory")
+            out.append(ids)
+            nbytes += 16 + end - start
         with self._lock:
             self.bytes_read += nbytes
         return out

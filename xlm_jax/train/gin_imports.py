@@ -30,14 +30,13 @@ DYNAMIC = "__gin__.dynamic_registration"
 _IMPORT = re.compile(r"^\s*import\s+([\w.]+)\s+as\s+(\w+)\s*(?:#.*)?$")
 
 
-@functools.lru_cache(maxsize=1)
-def shipped_aliases(config_dirs: tuple[str, ...] | None = None) -> dict[str, str]:
-    """{alias: module} of every `import MODULE as ALIAS` in the shipped gin files, for the
-    aliases that name one module only."""
-    from xlm_jax.train import gin_utils
-
+@functools.lru_cache(maxsize=4)
+def shipped_aliases(config_dirs: tuple[str, ...]) -> dict[str, str]:
+    """{alias: module} of every `import MODULE as ALIAS` in the gin files under `config_dirs`
+    (the shipped ones: `gin_utils.GIN_CONFIG_DIRS`), for the aliases that name one module
+    only."""
     seen: dict[str, set[str]] = {}
-    for root in config_dirs or gin_utils.GIN_CONFIG_DIRS:
+    for root in config_dirs:
         for path in glob.glob(os.path.join(root, "**", "*.gin"), recursive=True):
             with open(path, encoding="utf-8") as f:
                 for line in f:
@@ -64,15 +63,15 @@ def _file_imports() -> tuple[bool, dict[str, str]]:
     return dynamic, {a: m for a, m in aliases.items() if a not in clashing}
 
 
-def preamble(bindings: Sequence[str]) -> list[str]:
+def preamble(bindings: Sequence[str], config_dirs: tuple[str, ...]) -> list[str]:
     """The import lines to parse `bindings` with (empty when the parsed files use no dynamic
-    registration): the files' imports, and the shipped alias of each name the bindings use
-    as `ALIAS.` that no file imports."""
+    registration): the files' imports, and the alias (from the gin files under `config_dirs`)
+    of each name the bindings use as `ALIAS.` that no file imports."""
     dynamic, aliases = _file_imports()
     if not dynamic:
         return []
     text = re.sub(r"'[^']*'|\"[^\"]*\"", "''", "\n".join(bindings))  # names, not strings
-    for alias, module in sorted(shipped_aliases().items()):
+    for alias, module in sorted(shipped_aliases(tuple(config_dirs)).items()):
         if alias not in aliases and re.search(rf"(?<![\w.]){re.escape(alias)}\.", text):
             aliases[alias] = module
     return ["from __gin__ import dynamic_registration"] + [

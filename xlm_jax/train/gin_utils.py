@@ -109,7 +109,7 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str],
         gin.parse_config_files_and_bindings(files, None, finalize_config=False)
     file_refs = used_macros()  # before the bindings override the parameters that use them
     # the bindings see the files' imports, as a line of a gin file would (gin_imports.py)
-    with_imports = gin_imports.preamble(bindings) + list(bindings)
+    with_imports = gin_imports.preamble(bindings, GIN_CONFIG_DIRS) + list(bindings)
     with one_line_errors(with_imports):
         gin.parse_config_files_and_bindings([], with_imports, finalize_config=False)
     resolve_shipped_paths()
