@@ -38,6 +38,7 @@ from typing import Any, Optional
 
 from xlm_jax import cli_help
 from xlm_jax.data import corpus_units as cu
+from xlm_jax.data import prepare_lock
 from xlm_jax.data import prepared_files as pf
 from xlm_jax.data.prepare_worker import WorkItem, run_unit
 from xlm_jax.data.sources import CorpusStats, ParallelFiles
@@ -60,7 +61,7 @@ class TaskPlan:
 
     def items(self) -> list[WorkItem]:
         return [WorkItem(os.path.join(self.directory, member), self.plan.records, self.spm_path,
-                         unit, k, len(units))
+                         unit, k, len(units), self.plan.digest)
                 for member, units in sorted(self.units.items()) for k, unit in enumerate(units)]
 
 
@@ -137,7 +138,13 @@ def finish_task(tp: TaskPlan) -> dict[str, Any]:
             if not pf.exists(path):
                 raise pf.PreparedError(f"{path} is missing after the pipeline ran: a worker "
                                        "failed; run the same command again to finish")
-            shards.append({"name": name, **pf.read_json(path)})
+            counts = pf.read_json(path)
+            if counts.get("plan", tp.plan.digest) != tp.plan.digest:
+                raise pf.PreparedError(
+                    f"{path} was written by another preparation (plan {counts['plan']}, this "
+                    f"one is {tp.plan.digest}): two prepare runs wrote {tp.directory}; delete "
+                    "it and prepare again")
+            shards.append({"name": name, **counts})
         entry["shards"] = shards
         total = {k: sum(s[k] for s in shards) for k in
                  ("records", "tokens", "lines", "invalid_utf8", "malformed", "empty_pairs")}
@@ -216,6 +223,13 @@ def prepare(patterns: Sequence[str], output_dir: str, split_bytes: int = DEFAULT
     `run_units(items, beam_args)` runs `run_unit` over the items: Beam (`run_pipeline`), or
     a plain loop where Beam is not wanted (tests whose subject is the reading)."""
     plans = [plan_task(t, output_dir, split_bytes) for t in resolve_tasks(patterns)]
+    with prepare_lock.held(output_dir, patterns):  # one prepare per directory at a time
+        return _prepare(plans, beam_args, out, run_units)
+
+
+def _prepare(plans: Sequence[TaskPlan], beam_args: Sequence[str], out,
+             run_units: Callable[[Sequence[WorkItem], Sequence[str]], None]) -> list[str]:
+    """`prepare`'s writing part, under the directory's lock."""
     todo = [tp for tp in plans if not check_existing(tp, out)]
     for tp in plans:
         if tp not in todo:

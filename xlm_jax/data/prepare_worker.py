@@ -37,6 +37,7 @@ class WorkItem:
     unit: cu.Unit
     index: int
     count: int
+    plan: str = ""  # the task's `Plan.digest`, written into the unit's counts
 
     @property
     def prefix(self) -> str:
@@ -104,7 +105,8 @@ def run_unit(item: WorkItem) -> Optional[pf.ShardCounts]:
     shard = pf.ShardCounts(records=written.records, tokens=tally["tokens"],
                            bytes=written.bytes, sha1=written.sha1, lines=lines,
                            invalid_utf8=counts.invalid_utf8, malformed=counts.malformed,
-                           empty_pairs=counts.empty_pairs, index_sha1=written.index_sha1)
+                           empty_pairs=counts.empty_pairs, index_sha1=written.index_sha1,
+                           plan=item.plan)
     pf.write_json(done, shard.to_json())
     pf.remove(failed)
     return shard

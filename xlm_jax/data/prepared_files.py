@@ -173,6 +173,15 @@ class Plan:
                    corpora={m: {k: c[k] for k in ("sources", "swapped", "units")}
                             for m, c in d["corpora"].items()})
 
+    @property
+    def digest(self) -> str:
+        """Identifies the plan (16 hex digits of the sha1 of its JSON): every shard's counts
+        carry it, and a manifest is written only over shards of its own plan."""
+        import hashlib  # pylint: disable=g-import-not-at-top
+
+        text = json.dumps(self.to_json(), sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
+
     def differences(self, other: "Plan") -> list[str]:
         """What differs between two plans, in words (empty when they are the same)."""
         out = []
@@ -215,6 +224,7 @@ class ShardCounts:
     # 4 within its record's neighbours leaves every other check passing); "" in preparations
     # made before issue 54, whose indexes are then checked for their form only
     index_sha1: str = ""
+    plan: str = ""  # the digest of the plan that wrote it (`Plan.digest`); "" before issue 54
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
