@@ -117,10 +117,15 @@ def on_path(root: str) -> Iterator[None]:
 
 
 def tree(directory: str) -> dict[str, bytes]:
-    """Every file under `directory` by relative path, with its bytes."""
+    """Every file under `directory` by relative path, with its bytes; not the lock file of
+    `prepare` (`xlm_jax.data.prepare_lock`: who ran last, no data)."""
+    from xlm_jax.data.prepare_lock import LOCK  # pylint: disable=g-import-not-at-top
+
     out = {}
     for dirpath, _, names in os.walk(directory):
         for name in names:
+            if name == LOCK:
+                continue
             path = os.path.join(dirpath, name)
             with open(path, "rb") as f:
                 out[os.path.relpath(path, directory)] = f.read()
