@@ -202,8 +202,11 @@ def test_an_unknown_evaluator_name_in_gin_is_one_line_naming_it(tmp_path):
     finally:
         gin.clear_config()
     line = cli.error_line(e.value)
-    assert "\n" not in line and "evaluators.HeldOutLos" in line
-    assert "has no attribute HeldOutLos" in line
+    assert "\n" not in line
+    # the file and line, and the module's closest name (gin_utils.dynamic_name_hint)
+    assert line.startswith("error: GinConfigError: ") and "run.gin:" in line, line
+    assert line.endswith(": no configurable evaluators.HeldOutLos; did you mean "
+                         "evaluators.HeldOutLoss?"), line
 
 
 # ----------------------------------------------------------------------------- the loop
