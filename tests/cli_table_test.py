@@ -45,8 +45,8 @@ TABLE = [
      "prepare: --tasks 'no_such_task' names no registered task or mixture (did --module import "
      "the module that registers it?)"),
     ("xlm_jax.evaluation.retrieval", "no args", [], 2, "python -m xlm_jax.evaluation.retrieval: "
-     "error: the following arguments are required: --checkpoint, --tatoeba_dir, --layer, "
-     "--output_json (--help lists every flag)"),
+     "error: the following arguments are required: --checkpoint, --tatoeba_dir, --layer "
+     "(--help lists every flag)"),
     ("xlm_jax.evaluation.retrieval", "bad value", [
         "--checkpoint", "/nonexistent/model", "--tatoeba_dir", "tasks/demo_data/tatoeba",
         "--layer", "8", "--output_json", "/nonexistent/r.json"], 2,

@@ -301,6 +301,27 @@ def test_cli_all_layers(model_dir, tatoeba_dir, tmp_path, capsys):
     assert back.average == pytest.approx(data["average"]) and back.best_layer == best
 
 
+def test_cli_without_output_json_prints_the_same_table_and_writes_nothing(
+        model_dir, tatoeba_dir, tmp_path, capsys, monkeypatch):
+    """issue 55: the table a user reads needs no JSON file; the printed lines are the JSON
+    run's, less the path."""
+    argv = ["--checkpoint", model_dir, "--tatoeba_dir", tatoeba_dir, "--layer", "all",
+            "--max_length", "32", "--batch_size", "8"]
+    out = tmp_path / "with" / "r.json"
+    assert retrieval.main(argv + ["--output_json", str(out)]) == 0
+    with_json = capsys.readouterr().out.splitlines()
+    monkeypatch.chdir(tmp_path / "with")
+    before = sorted(os.listdir(tmp_path))
+    assert retrieval.main(argv) == 0
+    without = capsys.readouterr().out.splitlines()
+    assert sorted(os.listdir(tmp_path)) == before and sorted(os.listdir(".")) == ["r.json",
+                                                                                 "r.png"]
+    assert without[:-1] == [line for line in with_json if not line.startswith("plot ->")][:-1]
+    assert with_json[-2].endswith(f" -> {out}") and without[-1] == with_json[-2].split(" -> ")[0]
+    average = json.loads(out.read_text())["average"]
+    assert without[-1].endswith(f"average acc@1 {100 * average:.2f}")
+
+
 def test_cli_single_layer_languages_and_plot(model_dir, tatoeba_dir, tmp_path):
     out = tmp_path / "one.json"
     rc = retrieval.main(["--checkpoint", model_dir, "--tatoeba_dir", tatoeba_dir, "--layer", "1",

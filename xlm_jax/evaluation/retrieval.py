@@ -2,7 +2,7 @@ r"""Tatoeba sentence retrieval (XTREME): cosine nearest neighbour over pooled hi
 
     python -m xlm_jax.evaluation.retrieval --checkpoint DIR [--step N] --tatoeba_dir DIR \
         --layer N|all [--languages xx,yy] [--pool mean] [--max_length N] [--batch_size 64] \
-        [--language_list CODES|FILE] --output_json FILE [--plot FILE.png]
+        [--language_list CODES|FILE] [--output_json FILE] [--plot FILE.png]
 
 The Tatoeba directory holds, per language xx, the line-aligned files `tatoeba.{xx}-eng.{xx}` and
 `tatoeba.{xx}-eng.eng` (the XTREME layout). Each sentence is embedded by pooling one layer's
@@ -444,9 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--language_list", default=None,
                    help="lang_ids table of a model with language embeddings: comma-separated "
                         "codes or a file with one per line (default: the data registry's list)")
-    p.add_argument("--output_json", required=True, help="where the scores are written")
+    p.add_argument("--output_json", default=None,
+                   help="where the scores are written (the table is printed either way)")
     p.add_argument("--plot", default=None,
-                   help="PNG path (default with --layer all: the JSON's path with .png)")
+                   help="PNG path (default with --layer all and --output_json: the JSON's "
+                        "path with .png)")
     args = p.parse_args(argv)
     languages = ([l.strip() for l in args.languages.split(",") if l.strip()]
                  if args.languages else None)
@@ -463,18 +465,18 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out_dir = os.path.dirname(os.path.abspath(args.output_json))
-    os.makedirs(out_dir, exist_ok=True)
-    with open(args.output_json, "w", encoding="utf-8") as f:
-        json.dump(result.to_json(), f, indent=2)
+    if args.output_json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
+        with open(args.output_json, "w", encoding="utf-8") as f:
+            json.dump(result.to_json(), f, indent=2)
     if result.layer == "all":
         print(layer_table(result))
     for lang, s in sorted(result.per_language.items()):
         print(f"{lang}: {lang}->eng {100 * s.src_to_eng:.1f}  eng->{lang} {100 * s.eng_to_src:.1f}")
-    print(f"layer {result.reported_layer}: average acc@1 {100 * result.average:.2f} "
-          f"-> {args.output_json}")
+    print(f"layer {result.reported_layer}: average acc@1 {100 * result.average:.2f}"
+          + (f" -> {args.output_json}" if args.output_json else ""))
     plot = args.plot or (os.path.splitext(args.output_json)[0] + ".png"
-                         if result.layer == "all" else None)
+                         if result.layer == "all" and args.output_json else None)
     if plot:
         plot_layers(result, plot)
         print(f"plot -> {plot}")
