@@ -95,3 +95,22 @@ def test_a_manifest_is_not_written_over_shards_of_another_plan(corpus, tmp_path)
     assert str(e.value).startswith(f"{path} was written by another preparation (plan "
                                    "0123456789abcdef, this one is ")
     assert not os.path.exists(os.path.join(out, "pd_mono_de", pf.MANIFEST))
+
+
+def test_a_flag_neither_ours_nor_beams_is_refused_before_anything_is_written(tmp_path, capsys):
+    """`--splitbytes` was passed to Beam, which logged "Discarding unparseable args" and went
+    on: the preparation ran with the default unit size, exit 0 (issue 54)."""
+    from xlm_jax.data import prepare
+
+    out = tmp_path / "prepared"
+    with pytest.raises(SystemExit) as e:
+        prepare.main(["--tasks", "demo_mono", "--output_dir", str(out), "--splitbytes", "1000",
+                      "--direct_num_workers=2"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "python -m xlm_jax.data.prepare: error: --splitbytes is neither a flag of prepare nor a "
+        "Beam pipeline option; did you mean --split_bytes? (--help lists every flag)"]
+    assert not out.exists()
+    # Beam's own options pass, in both spellings
+    assert prepare.unknown_flags(["--direct_num_workers=2", "--runner", "DirectRunner",
+                                  "--project", "p", "--temp_location=gs://b/t"]) == []

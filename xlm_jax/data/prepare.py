@@ -23,17 +23,19 @@ task (another vocabulary, other files) is refused, naming what differs.
 
 The registration is run without counting the corpora (`registry.preparing`); the counts come
 from the preparation. Beam's DirectRunner with one worker per core is the default here (in
-`multi_processing` mode); `--runner` and every other Beam pipeline option pass through.
+`multi_processing` mode); `--runner` and every other Beam pipeline option pass through; a
+flag that is neither prepare's nor a Beam option is refused (`unknown_flags`).
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import fnmatch
 import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional
 
 from xlm_jax import cli_help
@@ -268,6 +270,33 @@ def _prepare(plans: Sequence[TaskPlan], beam_args: Sequence[str], out,
     return [tp.plan.task for tp in todo]
 
 
+def unknown_flags(beam_args: Sequence[str]) -> list[str]:
+    """The arguments left after prepare's own flags that no Beam pipeline option takes
+    (Beam logs "Discarding unparseable args" and goes on: `--splitbytes 1000` prepared with
+    the default unit size and exit 0, issue 54)."""
+    import argparse  # pylint: disable=g-import-not-at-top
+
+    if not beam_args:
+        return []
+    level = logging.root.level  # Beam's import warns on the root logger that apitools is absent
+    logging.root.setLevel(logging.ERROR)
+    try:
+        from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
+    finally:
+        logging.root.setLevel(level)
+
+    def subclasses(cls: type) -> Iterator[type]:
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    parser = argparse.ArgumentParser(allow_abbrev=False, conflict_handler="resolve",
+                                     add_help=False)
+    for cls in [PipelineOptions, *set(subclasses(PipelineOptions))]:
+        cls._add_argparse_args(parser)  # pylint: disable=protected-access  (Beam's own way)
+    return parser.parse_known_args(list(beam_args))[1]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = cli_help.Parser(prog="python -m xlm_jax.data.prepare",
                              description=__doc__.split("\n\n")[0])
@@ -279,6 +308,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--split_bytes", type=int, default=DEFAULT_SPLIT_BYTES,
                         help="bytes of a plain-text file per work unit (default 256 MiB)")
     args, beam_args = parser.parse_known_args(argv)
+    unknown = unknown_flags(beam_args)
+    if unknown:
+        ours = [o for a in parser._actions for o in a.option_strings]  # pylint: disable=protected-access
+        close = difflib.get_close_matches(unknown[0].split("=", 1)[0], ours, n=1)
+        parser.error(f"{unknown[0]} is neither a flag of prepare nor a Beam pipeline option"
+                     + (f"; did you mean {close[0]}?" if close else ""))
     cli_help.quiet_tensorflow()
     logging.getLogger("apache_beam").setLevel(logging.ERROR)  # Beam's own notes, relayed
     from xlm_jax.data import registry  # pylint: disable=g-import-not-at-top
