@@ -172,7 +172,8 @@ def test_missing_files_unfinished_tasks_and_bad_arguments(prepared, tmp_path, ca
     os.remove(os.path.join(root, PAIRS, pf.MANIFEST))
     code, out = _verify(root, capsys)
     assert code == 1 and out[-1].endswith("2 bad"), out
-    assert out[0] == f"{prefix}.idx: missing (the manifest lists it)"
+    assert out[0] == (f"{prefix}.idx is missing (the manifest lists it): the prepared data is "
+                      "incomplete; prepare it again into a new directory")
     assert out[1].startswith(f"{os.path.join(root, PAIRS)}: unfinished (no manifest.json)")
     assert verify.main([root, "--tasks", "nope*"]) == 2
     assert capsys.readouterr().err.strip() == (f"error: verify: no prepared task matching "

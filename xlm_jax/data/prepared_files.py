@@ -42,7 +42,8 @@ import numpy as np
 __all__ = ["FORMAT", "MANIFEST", "PLAN", "RECORD_TYPES", "Corpus", "Plan", "ShardCounts",
            "CorpusRecords", "PreparedError", "WrittenShard", "shard_name", "write_shard",
            "read_json",
-           "write_json", "exists", "vocab_size", "bad_record", "bad_ids"]
+           "write_json", "exists", "vocab_size", "shard_files_problem", "index_span_problem",
+           "bad_record", "bad_ids"]
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -314,6 +315,32 @@ def vocab_size(fingerprint: str) -> Optional[int]:
     return int(tail) if tail.isdigit() else None
 
 
+def shard_files_problem(prefix: str, shard: Mapping[str, Any]) -> Optional[str]:
+    """Why shard `prefix`'s two files do not match its manifest entry `shard` (missing, or
+    another size), else None; what the reader checks on open and `verify` first."""
+    for suffix, want in ((".bin", shard["bytes"]), (".idx", 8 * (shard["records"] + 1))):
+        path = prefix + suffix
+        if not exists(path):
+            return (f"{path} is missing (the manifest lists it): the prepared data is "
+                    "incomplete; prepare it again into a new directory")
+        got = size(path)
+        if got != want:
+            what = "index" if suffix == ".idx" else "shard"
+            return (f"{path}: {got} bytes, but the manifest says {want} (a truncated or "
+                    f"replaced {what}); prepare it again into a new directory")
+    return None
+
+
+def index_span_problem(prefix: str, shard: Mapping[str, Any], first: int,
+                       last: int) -> Optional[str]:
+    """Why an index whose first and last offsets are `first` and `last` does not span its
+    shard's bytes, else None."""
+    if first != 0 or last != shard["bytes"]:
+        return (f"{prefix}.idx does not match its shard: it spans bytes {first}-{last}, "
+                f"{prefix}.bin has {shard['bytes']}")
+    return None
+
+
 def bad_record(prefix: str, k: int, start: int, end: int, shard_bytes: int) -> Optional[str]:
     """Why index entries (`start`, `end`) cannot delimit record `k` of a shard of
     `shard_bytes` bytes (going backwards, past the end, not whole int32 ids), else None."""
@@ -375,23 +402,13 @@ class CorpusRecords:
 
     def _check(self, shard: Mapping[str, Any]) -> None:
         prefix = os.path.join(self.directory, shard["name"])
-        for suffix, want in ((".bin", shard["bytes"]), (".idx", 8 * (shard["records"] + 1))):
-            path = prefix + suffix
-            if not exists(path):
-                raise PreparedError(f"{path} is missing (the manifest lists it): the prepared "
-                                    "data is incomplete; prepare it again into a new directory")
-            got = size(path)
-            if got != want:
-                what = "index" if suffix == ".idx" else "shard"
-                raise PreparedError(f"{path}: {got} bytes, but the manifest says {want} (a "
-                                    f"truncated or replaced {what}); prepare it again into a "
-                                    "new directory")
-        first = int(np.frombuffer(self._files.read(prefix + ".idx", 0, 8), "<i8")[0])
-        last = int(np.frombuffer(self._files.read(prefix + ".idx", 8 * shard["records"], 8),
-                                 "<i8")[0])
-        if first != 0 or last != shard["bytes"]:
-            raise PreparedError(f"{prefix}.idx does not match its shard: it spans bytes "
-                                f"{first}-{last}, {prefix}.bin has {shard['bytes']}")
+        wrong = shard_files_problem(prefix, shard) or index_span_problem(
+            prefix, shard,
+            int(np.frombuffer(self._files.read(prefix + ".idx", 0, 8), "<i8")[0]),
+            int(np.frombuffer(self._files.read(prefix + ".idx", 8 * shard["records"], 8),
+                              "<i8")[0]))
+        if wrong:
+            raise PreparedError(wrong)
 
     def read(self, numbers: np.ndarray) -> list[np.ndarray]:
         """The records `numbers` (ints in [0, num_records)), as int32 arrays, in order."""

@@ -60,19 +60,15 @@ def check_shard(prefix: str, shard: dict[str, Any], vocab: Optional[int],
     """(what is wrong with shard `prefix` against its manifest entry `shard`, or None; the
     bytes read)."""
     bin_path, idx_path = prefix + ".bin", prefix + ".idx"
-    for path in (bin_path, idx_path):
-        if not pf.exists(path):
-            return f"{path}: missing (the manifest lists it)", 0
+    wrong = pf.shard_files_problem(prefix, shard)  # the reader's own check on open
+    if wrong:
+        return wrong, 0
     want_idx = 8 * (shard["records"] + 1)
-    for path, want in ((bin_path, shard["bytes"]), (idx_path, want_idx)):
-        got = pf.size(path)
-        if got != want:
-            return f"{path}: {got} bytes, the manifest says {want}", 0
     index = pf.read_bytes(idx_path)
     offsets = np.frombuffer(index, "<i8")
-    if offsets[0] != 0 or offsets[-1] != shard["bytes"]:
-        return (f"{idx_path}: spans bytes {offsets[0]}-{offsets[-1]}, the shard has "
-                f"{shard['bytes']}"), want_idx
+    wrong = pf.index_span_problem(prefix, shard, int(offsets[0]), int(offsets[-1]))
+    if wrong:
+        return wrong, want_idx
     steps = np.diff(offsets)
     if (steps < 0).any():
         k = int(np.argmax(steps < 0))
@@ -93,10 +89,10 @@ def check_shard(prefix: str, shard: dict[str, Any], vocab: Optional[int],
                                      vocab, pairs)
     if problem:
         return problem, want_idx + shard["bytes"]
-    if shard.get("index_sha1") and hashlib.sha1(index).hexdigest() != shard["index_sha1"]:
-        return (f"{idx_path}: sha1 {hashlib.sha1(index).hexdigest()}, the manifest says "
-                f"{shard['index_sha1']} (an offset moved: its records are cut elsewhere)"), (
-                    want_idx + shard["bytes"])
+    index_sha1 = hashlib.sha1(index).hexdigest()
+    if shard.get("index_sha1") and index_sha1 != shard["index_sha1"]:
+        return (f"{idx_path}: sha1 {index_sha1}, the manifest says {shard['index_sha1']} (an "
+                "offset moved: its records are cut elsewhere)"), want_idx + shard["bytes"]
     if digest.hexdigest() != shard["sha1"]:
         return (f"{bin_path}: sha1 {digest.hexdigest()}, the manifest says {shard['sha1']} "
                 "(its bytes changed since it was prepared)"), want_idx + shard["bytes"]
