@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from xlm_jax.models import attention as attention_lib
 from xlm_jax.models.common import ACTIVATION, ACTIVATION_HEADS, ACTIVATION_MLP
-from xlm_jax.models.common import Dropout, constrain, gelu, layer_norm
+from xlm_jax.models.common import Dropout, bias_gelu, constrain, layer_norm
 from xlm_jax.models.common import normal_init as _init
 from xlm_jax.models.common import zeros_init as _zeros
 from xlm_jax.models import heads as heads_lib
@@ -170,6 +170,7 @@ class Projection(nn.Module):
     kernel_names: tuple[str, ...]
     bias_names: tuple[str, ...]
     contract: int = 1
+    gelu: bool = False  # return `bias_gelu(x @ kernel, bias)`: exact GELU of the projection
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -181,7 +182,8 @@ class Projection(nn.Module):
         x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.compute_dtype)
         dims = ((tuple(range(x.ndim - self.contract, x.ndim)), tuple(range(self.contract))),
                 ((), ()))
-        return jax.lax.dot_general(x, kernel, dims) + bias
+        y = jax.lax.dot_general(x, kernel, dims)
+        return bias_gelu(y, bias) if self.gelu else y + bias
 
 
 class MultiHeadAttention(nn.Module):
@@ -250,12 +252,14 @@ class MlpBlock(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         cfg = self.config
-        dense = functools.partial(nn.Dense, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype)
-        h = dense(cfg.mlp_dim, kernel_init=_init(cfg, ("embed", "mlp")),
-                  bias_init=_zeros(("mlp",)), name="intermediate")(x)
-        h = constrain(gelu(h), ACTIVATION_MLP)
-        return dense(cfg.hidden_size, kernel_init=_init(cfg, ("mlp", "embed")),
-                     bias_init=_zeros(("embed",)), name="output")(h)
+        # The first projection is `nn.Dense`'s computation and parameters (names, shapes,
+        # initial values), with the bias and GELU under one gradient (`common.bias_gelu`).
+        h = Projection(cfg, (cfg.mlp_dim,), ("embed", "mlp"), ("mlp",), gelu=True,
+                       name="intermediate")(x)
+        h = constrain(h, ACTIVATION_MLP)
+        return nn.Dense(cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+                        kernel_init=_init(cfg, ("mlp", "embed")),
+                        bias_init=_zeros(("embed",)), name="output")(h)
 
 
 class EncoderLayer(nn.Module):
