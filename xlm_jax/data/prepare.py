@@ -40,7 +40,7 @@ from typing import Any, Optional
 
 from xlm_jax import cli_help
 from xlm_jax.data import corpus_units as cu
-from xlm_jax.data import prepare_lock
+from xlm_jax.data import prepare_console, prepare_lock
 from xlm_jax.data import prepared_files as pf
 from xlm_jax.data.prepare_worker import WorkItem, run_unit
 from xlm_jax.data.sources import CorpusStats, ParallelFiles
@@ -198,7 +198,8 @@ def run_pipeline(items: Sequence[WorkItem], beam_args: Sequence[str]) -> None:
         args += ["--runner=DirectRunner", "--direct_running_mode=multi_processing"]
         if not any(a.startswith("--direct_num_workers") for a in args):
             args.append(f"--direct_num_workers={os.cpu_count() or 1}")
-    with beam.Pipeline(options=PipelineOptions(args)) as pipeline:
+    with (prepare_console.beam_notes_hidden(),
+          beam.Pipeline(options=PipelineOptions(args)) as pipeline):
         _ = (pipeline
              | "units" >> beam.Create(list(items))
              | "spread" >> beam.Reshuffle()
@@ -246,7 +247,8 @@ def _prepare(plans: Sequence[TaskPlan], beam_args: Sequence[str], out,
         print(f"prepare: {len(items)} work units of {len(todo)} tasks on Beam", file=out,
               flush=True)
         try:
-            run_units(items, beam_args)
+            with prepare_console.progress(items, out):
+                run_units(items, beam_args)
         except Exception as e:  # pylint: disable=broad-except
             done = sum(pf.exists(item.prefix + ".json") for item in items)
             raise WorkerFailed(f"a Beam worker failed: {_last_line(e)}; {done} of {len(items)} "
