@@ -30,13 +30,15 @@ would take an unknown `scheme://` for a local relative path. docs/architecture.m
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
 import os
 import re
+import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Union
 
 from etils import epath
@@ -285,3 +287,83 @@ def has_params_dir(model_dir: PathLike) -> bool:
 
 def is_model_dir(path: PathLike) -> bool:
     return (resolve(path) / CONFIG_NAME).exists()
+
+
+# ----------------------------------------------------------------------------- whole directories
+# Writing a whole output directory so that it appears complete or not at all, and never over a
+# user's files without consent. `staged(out, owner, replace)` is what `python -m xlm_jax.convert
+# export-hf` writes through (issue 55): a directory that holds anything is refused in one line,
+# before anything is written, unless `replace` is given; the files are written into a hidden
+# sibling (`.NAME.staging-PID`) and renamed into place when all are written, so a failure
+# leaves `out` byte for byte as it was and removes the sibling; files get the permissions the
+# user's umask gives (some writers, safetensors' among them, create theirs 0600). On gs://,
+# where a directory cannot be renamed, the files are written in place (the refusal still
+# holds). Stricter than HF's `save_pretrained`, which writes into a non-empty directory
+# silently (our choice).
+
+def _entries(path: epath.Path) -> list[str]:
+    try:
+        return sorted(p.name for p in path.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def refuse_unless_empty(out: str, owner: str, replace: bool) -> None:
+    """ValueError (one line, naming the directory and some of what it holds) when `out`
+    exists and holds anything, unless `replace`; also when `out` is a file."""
+    path = resolve(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{owner} {out!r} is a file, not a directory; nothing was written")
+    held = _entries(path)
+    if held and not replace:
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise ValueError(f"{owner} {out!r} is not empty ({shown}); nothing was written: "
+                         "choose a new or empty directory, or pass --overwrite to replace it")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(root: str) -> None:
+    """Gives every file under `root` mode 0666 and every directory 0777, less the umask."""
+    mask = _umask()
+    os.chmod(root, 0o777 & ~mask)
+    for here, dirs, files in os.walk(root):
+        for name in dirs:
+            os.chmod(os.path.join(here, name), 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(here, name), 0o666 & ~mask)
+
+
+@contextlib.contextmanager
+def staged(out: str, owner: str, replace: bool = False) -> Iterator[str]:
+    """Yields the directory to write into; on a clean exit it becomes `out` (see the module
+    docstring). `owner` names the setting in messages (`export-hf --out`)."""
+    refuse_unless_empty(out, owner, replace)
+    existed = resolve(out).exists()
+    path = check_writable(out, owner)  # creates `out` (empty) where it was missing
+    if is_remote(path):
+        yield os.fspath(path)
+        return
+    target = os.path.abspath(os.fspath(path))
+    parent, name = os.path.split(target)
+    staging = os.path.join(parent, f".{name}.staging-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    done = False
+    try:
+        yield staging
+        apply_umask(staging)
+        old = os.path.join(parent, f".{name}.replaced-{os.getpid()}")
+        os.rename(target, old)  # `out` exists: check_writable made it
+        os.rename(staging, target)
+        done = True
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not done and not existed:
+            with contextlib.suppress(OSError):
+                os.rmdir(target)  # the empty directory check_writable made

@@ -1,5 +1,6 @@
 """`python -m xlm_jax.convert import-hf --hf_dir DIR --out DIR` /
-`export-hf --checkpoint DIR --out DIR [--step N] [--format auto|xlm-roberta|xlm_jax]`.
+`export-hf --checkpoint DIR --out DIR [--step N] [--format auto|xlm-roberta|xlm_jax]
+[--overwrite]`.
 
 export-hf writes an HF directory that `transformers` loads: an XLM-R-shaped model (post-LN,
 absolute positions, no language table) as XLM-R (config.json + model.safetensors, read by
@@ -37,6 +38,9 @@ def _parser() -> cli_help.Parser:
                      help="xlm-roberta: HF's XLMRobertaModel (XLM-R-shaped models only); "
                           "xlm_jax: the self-contained remote-code model (any model); auto "
                           "(default): xlm-roberta when the model is XLM-R-shaped, else xlm_jax")
+    exp.add_argument("--overwrite", action="store_true",
+                     help="replace what --out holds (a non-empty directory is refused "
+                          "otherwise); the new export replaces it only once fully written")
     return parser
 
 
@@ -51,11 +55,15 @@ def import_hf(hf_dir: str, out: str) -> None:
         md.write_languages(out, languages)
 
 
-def export_hf(checkpoint: str, out: str, step: int | None = None, fmt: str = "auto") -> str:
+def export_hf(checkpoint: str, out: str, step: int | None = None, fmt: str = "auto",
+              overwrite: bool = False) -> str:
     """Writes `checkpoint`'s encoder (checkpoint `step` of a trainer model_dir, default the
-    latest) as an HF directory `out` in format `fmt` (`FORMATS`); returns the format written."""
+    latest) as an HF directory `out` in format `fmt` (`FORMATS`); returns the format written.
+    A non-empty `out` is refused unless `overwrite`; the directory appears whole or not at
+    all, its files with the user's umask (`model_dir.staged`)."""
     if fmt not in FORMATS:
         raise ValueError(f"format={fmt!r} is not one of {', '.join(FORMATS)}")
+    md.refuse_unless_empty(out, "export-hf --out", overwrite)  # before the reading
     cfg, params = hf_lib.load_xlm_jax(checkpoint, step=step)
     if cfg.cross_attention:  # a VECO stack: its NLU encoder is the exportable model
         from xlm_jax.models.reassemble import nlu_encoder
@@ -66,14 +74,14 @@ def export_hf(checkpoint: str, out: str, step: int | None = None, fmt: str = "au
         fmt = "xlm-roberta" if hf_lib.is_xlmr_shaped(cfg) else "xlm_jax"
     if fmt == "xlm-roberta":
         hf_lib.model_config_to_hf_config(cfg)  # names what XLM-R lacks before writing anything
-    md.check_writable(out, "export-hf --out")
-    if fmt == "xlm-roberta":
-        hf_lib.save_hf_dir(out, cfg, params, spm_from=checkpoint)
-    else:
-        from xlm_jax.convert import remote
+    with md.staged(out, "export-hf --out", replace=overwrite) as where:
+        if fmt == "xlm-roberta":
+            hf_lib.save_hf_dir(where, cfg, params, spm_from=checkpoint)
+        else:
+            from xlm_jax.convert import remote
 
-        remote.save_remote_dir(out, cfg, params, spm_from=checkpoint,
-                               languages=md.read_languages(checkpoint))
+            remote.save_remote_dir(where, cfg, params, spm_from=checkpoint,
+                                   languages=md.read_languages(checkpoint))
     return fmt
 
 
@@ -84,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
             import_hf(args.hf_dir, args.out)
             print(f"wrote {args.out}")
         else:
-            fmt = export_hf(args.checkpoint, args.out, step=args.step, fmt=args.format)
+            fmt = export_hf(args.checkpoint, args.out, step=args.step, fmt=args.format,
+                            overwrite=args.overwrite)
             how = ("XLMRobertaModel" if fmt == "xlm-roberta" else
                    "AutoModel.from_pretrained(..., trust_remote_code=True)")
             print(f"wrote {args.out} (loads with {how})")
