@@ -340,8 +340,8 @@ def apply_umask(root: str) -> None:
 
 @contextlib.contextmanager
 def staged(out: str, owner: str, replace: bool = False) -> Iterator[str]:
-    """Yields the directory to write into; on a clean exit it becomes `out` (see the module
-    docstring). `owner` names the setting in messages (`export-hf --out`)."""
+    """Yields the directory to write into; on a clean exit it becomes `out` (see "whole
+    directories" above). `owner` names the setting in messages (`export-hf --out`)."""
     refuse_unless_empty(out, owner, replace)
     existed = resolve(out).exists()
     path = check_writable(out, owner)  # creates `out` (empty) where it was missing

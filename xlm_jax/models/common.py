@@ -51,7 +51,8 @@ def bias_gelu(y: jax.Array, bias: jax.Array) -> jax.Array:
     the output the next matmul reads; the backward fusion then reads them and the matmul's
     output again (measured in the compiled GPU step: 3 tensors written and 4 read, where 1 and
     2 suffice). The base FFN's intermediate is 16,384 x 3,072 bf16, 100 MB a layer: 400 MB
-    less memory traffic per layer and step (docs/performance.md, "What each change is worth").
+    less memory traffic per layer and step (docs/performance.md, "Keeping less between the
+    passes").
     """
     return _gelu_of_sum(y, bias)
 

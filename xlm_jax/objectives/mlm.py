@@ -44,12 +44,17 @@ def masked_lm_sums(logits: jax.Array, target_ids: jax.Array,
     return weighted_nll_sum(logits, target_ids, weights), jnp.sum(correct * weights)
 
 
+def _is_target(x: jax.Array, target_ids: jax.Array) -> jax.Array:
+    """Booleans of `x`'s shape, true at each slot's target id (a compare against a vocabulary
+    iota, see `masked_lm_sums`)."""
+    vocab = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return vocab == target_ids[..., None].astype(jnp.int32)
+
+
 def _nll_parts(logits: jax.Array, target_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(logsumexp, the target's logit) over the last axis, in float32."""
     x = logits.astype(jnp.float32)
-    vocab = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-    target = jnp.sum(jnp.where(vocab == target_ids[..., None].astype(jnp.int32), x, 0.0),
-                     axis=-1)
+    target = jnp.sum(jnp.where(_is_target(x, target_ids), x, 0.0), axis=-1)
     return jax.nn.logsumexp(x, axis=-1), target
 
 
@@ -66,8 +71,7 @@ def weighted_nll_sum(logits: jax.Array, target_ids: jax.Array, weights: jax.Arra
     a memory-bound pass does not notice (the cost model: 8.96 -> 5.12 GB moved a base step,
     docs/performance.md).
     """
-    lse, target = _nll_parts(logits, target_ids)
-    return jnp.sum((lse - target) * weights)
+    return _weighted_nll_fwd(logits, target_ids, weights)[0]
 
 
 def _weighted_nll_fwd(logits: jax.Array, target_ids: jax.Array, weights: jax.Array
@@ -80,10 +84,9 @@ def _weighted_nll_bwd(res: tuple[jax.Array, ...], g: jax.Array
                       ) -> tuple[jax.Array, None, jax.Array]:
     logits, target_ids, weights, lse, target = res
     x = logits.astype(jnp.float32)
-    vocab = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-    onehot = vocab == target_ids[..., None].astype(jnp.int32)
+    onehot = _is_target(x, target_ids).astype(jnp.float32)
     scale = (g * weights).astype(jnp.float32)[..., None]
-    d_logits = (jnp.exp(x - lse[..., None]) - onehot.astype(jnp.float32)) * scale
+    d_logits = (jnp.exp(x - lse[..., None]) - onehot) * scale
     d_weights = (g * (lse - target)).astype(weights.dtype)
     return d_logits.astype(logits.dtype), None, d_weights
 
