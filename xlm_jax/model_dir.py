@@ -161,11 +161,28 @@ def read_text(path: PathLike) -> str:
     return resolve(path).read_bytes().decode("utf-8")
 
 
-def write_text(path: PathLike, text: str) -> None:
-    """Writes a UTF-8 text file (local or gs://), creating its directory."""
+def write_bytes(path: PathLike, data: bytes) -> None:
+    """Writes a file whole or not at all, creating its directory: locally into a hidden
+    sibling (`.NAME.tmp-PID`) renamed over `path` (a reader, or a run killed mid-write, never
+    sees half a file); on gs://, where an object appears only once its upload completes, in
+    place."""
     target = resolve(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(text.encode("utf-8"))
+    if is_remote(target):
+        target.write_bytes(data)
+        return
+    temp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    try:
+        temp.write_bytes(data)
+        os.replace(temp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temp.unlink()
+
+
+def write_text(path: PathLike, text: str) -> None:
+    """Writes a UTF-8 text file (local or gs://) whole or not at all (`write_bytes`)."""
+    write_bytes(path, text.encode("utf-8"))
 
 
 def read_json(path: PathLike) -> Any:
@@ -230,9 +247,7 @@ def copy_spm(spm_file: PathLike | None, out_dir: PathLike, name: str = SPM_NAME)
     """Copies a SentencePiece model file into `out_dir` (nothing when `spm_file` is None);
     either side may be local or gs://."""
     if spm_file:
-        target = resolve(out_dir) / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(resolve(spm_file).read_bytes())
+        write_bytes(resolve(out_dir) / name, resolve(spm_file).read_bytes())
 
 
 def write_run_info(model_dir: PathLike, info: dict[str, Any]) -> None:

@@ -2,6 +2,7 @@
 it), with the exit status: an unquoted string binding, a misspelt parameter, an unregistered
 `bench --pipeline` task; a failed run removes the --model_dir it created; `train --init_from`
 starts from the given model's weights."""
+import os
 import re
 import subprocess
 import sys
@@ -120,9 +121,23 @@ def test_a_failed_run_leaves_no_directory_it_created(tmp_path):
     made.mkdir()
     r = train([*MISSING_TASK, f"--model_dir={made}"], timeout=180)
     assert _only_line(r) == MISSING_TASK_LINE
-    assert made.is_dir()
+    assert made.is_dir() and list(made.iterdir()) == []  # no checkpoints/ left in it either
     r = train([SYNTH, f"--model_dir={fresh}", "--gin.loop.train.spm_model=x.model"])
     assert r.returncode == 1 and not (tmp_path / "new").exists()
+
+
+def test_a_folder_of_the_users_is_one_line_and_left_as_it_was(tmp_path):
+    """issue 55: --model_dir at a folder holding files that are not a run's."""
+    folder = tmp_path / "papers"
+    folder.mkdir()
+    (folder / "draft.tex").write_text("\\section{}\n")
+    r = train([SYNTH, f"--model_dir={folder}"], timeout=180)
+    assert _only_line(r) == (
+        f"error: ModelDirRefused: model_dir {str(folder)!r} holds files that are not a training "
+        "run's (draft.tex); nothing was written: choose a new or empty directory, or set "
+        "loop.train.allow_other_files=True to write the run among them")
+    assert os.listdir(folder) == ["draft.tex"]
+    assert (folder / "draft.tex").read_text() == "\\section{}\n"
 
 
 def _encoder(model_dir, step=None):

@@ -163,13 +163,29 @@ def _as_abstract(tree: PyTree) -> PyTree:
 class Checkpointer:
     """Save/restore train state + JSON extra under `model_dir/checkpoints` (orbax)."""
 
-    def __init__(self, model_dir: str, cfg: CheckpointConfig = CheckpointConfig()):
+    def __init__(self, model_dir: str, cfg: CheckpointConfig = CheckpointConfig(),
+                 defer_create: bool = False):
+        """`defer_create`: `checkpoints/` is created at the first save (or preemption query)
+        instead of now, so that a run refused later in its set-up leaves the model directory
+        as it found it (the trainer's choice, `train.run_dir`); writability is still checked
+        now, by a probe file written into and removed from `checkpoints/` where it exists,
+        else `model_dir` (created when missing)."""
         self.cfg = cfg
         self.directory = md.checkpoints_dir(model_dir)
-        md.check_writable(self.directory, "checkpoints")  # local or gs://: fails now, not later
+        self._manager: Any = None
+        if not defer_create:
+            md.check_writable(self.directory, "checkpoints")  # local or gs://: fails now
+            self._manager = self._open()
+        elif md.resolve(self.directory).exists():
+            md.check_writable(self.directory, "checkpoints")
+        else:
+            md.check_writable(model_dir, "model_dir")  # creates only a missing model_dir
+
+    def _open(self) -> Any:
         # `preservation_policy` keeps latest-N and best-N side by side (orbax's `max_to_keep`
         # with `best_fn` would keep only the best N, dropping the latest one resume needs);
         # `best_fn` is still set so that orbax writes and reads the metrics of each step.
+        cfg = self.cfg
         options = ocp.CheckpointManagerOptions(
             preservation_policy=preservation_policy(cfg),
             best_fn=_metric_fn(cfg.best_metric) if cfg.keep_best else None,
@@ -180,10 +196,20 @@ class Checkpointer:
         )
         # Handlers are named up front so that a fresh process (a resumed run) can read the
         # metadata of checkpoints it did not write; with bare item names it reads none.
-        self._manager = ocp.CheckpointManager(
+        return ocp.CheckpointManager(
             epath.Path(self.directory), options=options,
             item_handlers={md.STATE_ITEM: ocp.StandardCheckpointHandler(),
                            md.EXTRA_ITEM: ocp.JsonCheckpointHandler()})
+
+    @property
+    def manager(self) -> Any:
+        """The orbax `CheckpointManager`, opened (and `checkpoints/` created) on first use."""
+        if self._manager is None:
+            self._manager = self._open()
+        return self._manager
+
+    def _unopened_and_absent(self) -> bool:
+        return self._manager is None and not md.resolve(self.directory).exists()
 
     def should_save(self, step: int) -> bool:
         """True at every `save_every_steps`-th step (never at step 0)."""
@@ -202,7 +228,7 @@ class Checkpointer:
         step = int(step)
         if not (force or self.should_save(step)):
             return False
-        if step in self._manager.all_steps():
+        if step in self.manager.all_steps():
             return False
         extra = {} if extra is None else extra
         try:
@@ -217,7 +243,7 @@ class Checkpointer:
                 raise ValueError(f"checkpoint step {step}: metrics {sorted(metrics)} lack "
                                  f"CheckpointConfig.best_metric={self.cfg.best_metric!r}")
             metrics = {k: float(v) for k, v in metrics.items()}
-        return bool(self._manager.save(
+        return bool(self.manager.save(
             step,
             args=ocp.args.Composite(**{md.STATE_ITEM: ocp.args.StandardSave(state),
                                        md.EXTRA_ITEM: ocp.args.JsonSave(extra)}),
@@ -225,11 +251,15 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         """The newest finished checkpoint step, or None if there is none."""
-        return self._manager.latest_step()
+        if self._unopened_and_absent():
+            return None
+        return self.manager.latest_step()
 
     def all_steps(self) -> list[int]:
         """All finished checkpoint steps, ascending."""
-        return sorted(self._manager.all_steps())
+        if self._unopened_and_absent():
+            return []
+        return sorted(self.manager.all_steps())
 
     def best_step(self) -> int | None:
         """The finished step with the best `best_metric` (None when no checkpoint has
@@ -237,7 +267,7 @@ class Checkpointer:
         if not self.cfg.keep_best:
             return self.latest_step()
         scored = {s: m for s in self.all_steps()
-                  if (m := self._manager.metrics(s)) is not None and self.cfg.best_metric in m}
+                  if (m := self.manager.metrics(s)) is not None and self.cfg.best_metric in m}
         if not scored:
             return None
         sign = 1.0 if self.cfg.best_mode == "max" else -1.0
@@ -245,7 +275,7 @@ class Checkpointer:
 
     def reached_preemption(self, step: int) -> bool:
         """True when the job is being preempted (TPU/GKE signal): save now and exit."""
-        return bool(self._manager.reached_preemption(step))
+        return bool(self.manager.reached_preemption(step))
 
     def restore(self, step: int | None, abstract_state: PyTree) -> tuple[PyTree, dict]:
         """Restore (state, extra) from `step` (None = latest) onto `abstract_state`.
@@ -264,9 +294,9 @@ class Checkpointer:
             raise FileNotFoundError(f"checkpoint {self.directory} has no step {step}; "
                                     f"available steps: {available or 'none'}")
         abstract = _as_abstract(abstract_state)
-        metadata = self._manager.item_metadata(step)
+        metadata = self.manager.item_metadata(step)
         check_compatible(metadata[md.STATE_ITEM], abstract, directory=self.directory, step=step)
-        restored = self._manager.restore(
+        restored = self.manager.restore(
             step,
             args=ocp.args.Composite(**{md.STATE_ITEM: ocp.args.StandardRestore(abstract),
                                        md.EXTRA_ITEM: ocp.args.JsonRestore()}))
@@ -274,12 +304,14 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until any background save has finished (call before exiting)."""
-        self._manager.wait_until_finished()
+        if self._manager is not None:
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
         """Wait for pending saves and release orbax's threads."""
-        self._manager.wait_until_finished()
-        self._manager.close()
+        if self._manager is not None:
+            self._manager.wait_until_finished()
+            self._manager.close()
 
     def __enter__(self) -> "Checkpointer":
         return self

@@ -36,6 +36,7 @@ from xlm_jax.train import mixture
 from xlm_jax.train import optim as optim_lib
 from xlm_jax.train import partitioning
 from xlm_jax.train import prefill
+from xlm_jax.train import run_dir
 from xlm_jax.train import preemption
 from xlm_jax.train import setup
 from xlm_jax.train import sizing
@@ -116,7 +117,8 @@ def train(model_dir: str,
           actions: Sequence[actions_lib.Action] = (),
           health: health_lib.HealthConfig = health_lib.HealthConfig(),
           compilation_cache_dir: str | None = compile_cache.AUTO,
-          gc_freeze: bool = True) -> TrainResult:
+          gc_freeze: bool = True,
+          allow_other_files: bool = False) -> TrainResult:
     """Trains the objective mixture; resumes from the latest checkpoint in `model_dir`.
 
     `data_resume` says how the input streams continue after a restart: "checkpoint" (saves
@@ -160,6 +162,11 @@ def train(model_dir: str,
     `gc_freeze`: the objects alive after the first step's dispatch are frozen out of Python's
     garbage collector for the rest of the loop (`train.host_gc`: a full collection stalled
     an H200's dispatch for 168 ms).
+    `model_dir` must be new, empty, or hold this very run (the same model, tokenizer and
+    language table: a resume); anything else is refused in one line before anything is
+    written (`train.run_dir`). `allow_other_files=True` lets a run start in a directory that
+    holds files that are not a run's (nothing of theirs is read or removed). The run's files
+    are written once every check has passed, each by temp + rename.
     Progress lines go to stdout (`contextlib.redirect_stdout` to silence them).
     """
     # ---- setup: everything that can fail does so here, before anything is compiled
@@ -171,7 +178,10 @@ def train(model_dir: str,
     # jax's persistent cache, before anything compiles: a restart loads the executables (its
     # line prints once set-up has passed: a run that fails there prints only its error)
     cache, cache_line = compile_cache.configure(compilation_cache_dir)
-    ckpt = ckpt_lib.Checkpointer(model_dir, checkpoint)  # fails now if model_dir is unwritable
+    # whose directory: another run's or the user's files are refused before anything is built
+    found = run_dir.inspect(model_dir, model, allow_other_files)
+    # fails now if model_dir is unwritable; `checkpoints/` appears at the first save
+    ckpt = ckpt_lib.Checkpointer(model_dir, checkpoint, defer_create=True)
     shapes = mixture.resolve(objectives, batch_size, seq_len)
     device_mesh = partitioning.make_mesh(mesh, jax.devices()[:num_devices] if num_devices else None)
     setup.check_batches(shapes, batch_size, accum_steps, device_mesh)
@@ -185,6 +195,7 @@ def train(model_dir: str,
         print(f"tasks: {', '.join(seqio_tasks)} loaded in {time.perf_counter() - started:.1f} s",
               flush=True)
     spm_model = streams_lib.run_spm_model(spm_model, seqio_tasks)  # the tasks' tokenizer
+    run_dir.check_tokenizer_and_languages(found, spm_model, languages)
     evals = evaluators_lib.check_evaluators(evaluators)
     net = Transformer(model)
     objs, rules = setup.build_objectives(net, objectives, languages, axis_rule_overrides,
@@ -199,8 +210,6 @@ def train(model_dir: str,
     parts = setup.build_state(net, objs, rules, optimizer, seq_len, device_mesh)
     fill_plan = prefill.plan(objs, shapes)
     is_primary = jax.process_index() == 0
-    if is_primary:
-        setup.write_model_files(model_dir, model, spm_model, languages)
     flops_per_token = flops_lib.mixture_flops_per_token(
         [o.objective for o in objs], seq_len, [shapes[o.name] for o in objs])
 
@@ -215,6 +224,8 @@ def train(model_dir: str,
                  for o, (name, spec) in zip(objs, objectives.items())}
         streams, built = setup.make_streams(tasks, shapes, seed, resume, data_resume, model,
                                             model_dir)
+        if is_primary:  # every check has passed (the restore's and the input's too)
+            setup.write_model_files(model_dir, model, spm_model, languages)
         if not mixture.is_default(shapes, batch_size, seq_len):
             print(f"mixture: {mixture.describe(shapes)}", flush=True)
         step_fn = setup.jit_train_step(objs, parts, device_mesh, accum_steps, loss_normalization)

@@ -363,7 +363,7 @@ def make_streams(tasks: Mapping[str, streams_lib.Task], shapes: Mapping[str, mix
     time of every step before. A task is a name (seqio, synthetic:KIND) or a stream object
     (`data.MemoryStream`), used as it is."""
     start = resume.step
-    streams, built, replayed, reseeded = {}, {}, [], []
+    streams, built, replayed, reseeded, restored = {}, {}, [], [], []
     for i, (name, task) in enumerate(tasks.items()):
         shape = shapes[name]
         here = data_state.SavedStream(seed + 1000 * i, streams_lib.task_label(task),
@@ -392,12 +392,15 @@ def make_streams(tasks: Mapping[str, streams_lib.Task], shapes: Mapping[str, mix
             num_languages=streams_lib.synthetic_language_count(model.num_languages))
         if path is not None:
             streams[name].restore(path)
+            restored.append(name)
         built[name] = dataclasses.replace(here, seed=stream_seed)
     if start:
-        restored = [n for n in tasks if n not in replayed + reseeded
-                    and streams_lib.is_seqio(tasks[n])]
         if restored:
             print(f"restored the input position of {', '.join(restored)}", flush=True)
+        asked = [n for n in tasks if data_resume == "reseed" and streams_lib.is_seqio(tasks[n])]
+        if asked:
+            print(f"the input of {', '.join(asked)} continues in a new order drawn from (seed, "
+                  f"step {start}) (loop.train.data_resume = 'reseed')", flush=True)
         if reseeded:
             print(f"the prepared data of {', '.join(reseeded)} continues in a new order drawn "
                   f"from (seed, step {start}): its positions were saved by "
