@@ -181,3 +181,41 @@ def test_task_length_by_default_and_no_cache_in_the_data_folder(tmp_path, monkey
     assert "(kind mono, length 24)" in capsys.readouterr().out
     assert sorted(p.name for p in data.iterdir()) == ["en.txt"]
     assert len(list((tmp_path / "cache").iterdir())) == 1
+
+
+def test_prepared_tasks_are_read_from_the_prepared_directory(tmp_path, seqio_isolated, capsys):
+    """issue 55 item 6: `--prepared DIR` shows what a run on prepared data reads. The raw
+    German file is removed after the preparation, so the tables can only come from the
+    prepared records; each run of pieces is a contiguous window of that file's own tokens."""
+    from tests.testlib import prepared_corpus as pc
+
+    root = pc.write(str(tmp_path / "corpus"))
+    out = os.path.join(root, "prepared")
+    pc.prepare_here(root, out)
+    raw = os.path.join(root, "mono", "de.txt")
+    sp = spm.SentencePieceProcessor(model_file=pc.SPM)
+    with open(raw, encoding="utf-8") as f:
+        stream = "".join("".join(sp.encode(line, out_type=str)) for line in f if line.strip())
+    os.remove(raw)
+    with pc.on_path(root):
+        assert data_inspect.main(["--task", "pd_mono_de", "--module", pc.MODULE, "--prepared",
+                                  out, "--n", "2", "--sequence_length", "24"]) == 0
+    examples = _tables(capsys.readouterr().out)
+    assert len(examples) == 2
+    for ex in examples:
+        rows = ex[""]
+        assert rows[0][1:3] == ("<s>", 0) and {r[6] for r in rows} == {"de"}
+        runs = _runs(rows)
+        assert sum(map(len, runs)) > 20 and all(run in stream for run in runs), runs
+
+
+def _runs(rows):
+    """The runs of pieces between special tokens."""
+    run, out = [], []
+    for _, piece, tid, *_ in rows:
+        if tid <= 3:
+            out.append("".join(run))
+            run = []
+        else:
+            run.append(piece)
+    return [r for r in out + ["".join(run)] if r]

@@ -8,7 +8,9 @@
       expected alpha-smoothed rate n^alpha / sum n^alpha.
 
 `--module` (default `xlm_jax_tasks.demo`) is imported first: it registers the tasks. Run from the
-repository root so that `tasks` is importable.
+repository root so that `tasks` is importable. `--prepared DIR` registers them over what
+`python -m xlm_jax.data.prepare` wrote in DIR (`loop.train.prepared_data`), so the tables show
+what a run on prepared data reads (its records, in its global shuffle).
 """
 
 from __future__ import annotations
@@ -161,6 +163,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="length the examples are built at (default: the length the task "
                         "was registered with)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling")
+    parser.add_argument("--prepared", default=None, metavar="DIR",
+                        help="read the tasks from this prepared directory (data.prepare)")
     args = parser.parse_args(argv)
     cli_help.quiet_tensorflow()
     return cli_help.run_reporting(lambda: _inspect(args))
@@ -171,10 +175,18 @@ def _inspect(args: argparse.Namespace) -> int:
     # corpus-size caches go under the user cache, never into the user's data folder
     previous = os.environ.get("XLM_JAX_STATS_DIR")
     os.environ["XLM_JAX_STATS_DIR"] = previous or os.path.join(_user_cache(), "xlm_jax", "stats")
+    from xlm_jax.data import prepared  # pylint: disable=g-import-not-at-top
+
+    before = prepared.default_dir()
+    prepared.use(args.prepared)  # None: the raw files
     try:
+        loaded = args.module in sys.modules
         _import_registering_module(args.module)
+        if loaded:  # registered earlier in this process, perhaps over other data: again
+            importlib.reload(sys.modules[args.module])
         return _show(args)
     finally:
+        prepared.use(before)
         if previous is None:
             del os.environ["XLM_JAX_STATS_DIR"]
 
