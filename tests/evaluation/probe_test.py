@@ -130,9 +130,14 @@ def test_probe_scores_transfer_on_embeddings_with_a_known_answer():
     assert result.auc["near"] >= 0.95 and result.auc["far"] == pytest.approx(0.5, abs=0.2)
     assert result.auc_average == pytest.approx((result.auc["near"] + result.auc["far"]) / 2)
     scalars = result.scalars()
-    assert set(scalars) == {"acc_en", "acc_near", "acc_far", "avg", "gap", "auc_avg",
+    assert set(scalars) == {"acc_en", "acc_near", "acc_far", "avg", "avg_se", "gap", "auc_avg",
                             "train_acc"}
     assert scalars["avg"] == pytest.approx(100 * result.average)
+    # the binomial standard error of the mean of the two zero-shot accuracies
+    n = {lang: len(exs) for lang, exs in data.test.items()}
+    near, far = result.accuracy["near"], result.accuracy["far"]
+    assert scalars["avg_se"] == pytest.approx(
+        100 * np.sqrt(near * (1 - near) / n["near"] + far * (1 - far) / n["far"]) / 2)
     # Every distinct sentence is embedded once.
     assert sorted(encoder.calls) == sorted(set(encoder.calls))
 

@@ -486,3 +486,13 @@ def test_cli_language_model_language_list(lang_model, tatoeba_dir, tmp_path,
     assert set(from_file["per_language"]) == {"aa", "bb"}
     assert retrieval.main(base + ["--language_list", "aa, bb,en"]) == 0
     assert json.loads(out.read_text())["per_language"] == from_file["per_language"]
+
+
+def test_standard_error_is_the_binomial_formula():
+    """Two languages of 50 and 200 pairs, both directions: the mean of four proportions."""
+    scores = {"de": retrieval.LanguageScore(0.5, 0.3, 50),
+              "fr": retrieval.LanguageScore(0.9, 0.8, 200)}
+    result = retrieval.RetrievalResult(0, 0, scores, {0: scores})
+    variance = (0.5 * 0.5 / 50 + 0.3 * 0.7 / 50 + 0.9 * 0.1 / 200 + 0.8 * 0.2 / 200) / 16
+    assert result.standard_error == pytest.approx(np.sqrt(variance))
+    assert result.average == pytest.approx((0.5 + 0.3 + 0.9 + 0.8) / 4)

@@ -249,8 +249,8 @@ def test_loop_runs_held_out_loss_and_the_probe_and_ranks_checkpoints_by_the_prob
         assert 4.0 < r["mmlm/loss"] < 10.0 and "tlm/loss" not in r and "probe/avg" not in r
     for r in probed.values():
         assert set(r) == {"step", "split", "probe/acc_en", "probe/acc_de", "probe/acc_fr",
-                          "probe/avg", "probe/gap", "probe/auc_avg", "probe/train_acc",
-                          "probe/seconds"}
+                          "probe/avg", "probe/avg_se", "probe/gap", "probe/auc_avg",
+                          "probe/train_acc", "probe/seconds"}
         assert r["probe/avg"] == pytest.approx((r["probe/acc_de"] + r["probe/acc_fr"]) / 2)
         assert r["probe/gap"] == pytest.approx(r["probe/acc_en"] - r["probe/avg"])
 

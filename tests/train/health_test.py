@@ -9,6 +9,7 @@ objective's checks read metrics it reports: tests/objectives/health_checks_test.
 import io
 import logging
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from xlm_jax.objectives.mlm import MaskedLM
 from xlm_jax.objectives.task_heads import SequenceClassification
 from xlm_jax.objectives.xlco import XLCo
 from xlm_jax.objectives.xlme import ReplacedTokenDetection
-from xlm_jax.train import actions, health, loop, optim, streams
+from xlm_jax.train import actions, evaluators, health, loop, optim, streams
 
 # Checks read steps 11.. and run from step 15 (a rise from step 20): our choice, for speed.
 WATCH = health.HealthConfig(warmup_steps=10, window_steps=5)
@@ -33,17 +34,21 @@ STEPS = 30
 ALPHABET = 8  # the healthy streams' pieces: ids 4..11 only
 
 
-def _stream(kind, small=True, key_is_query=False, random_from=None):
+def _stream(kind, small=True, key_is_query=False, random_from=None, ordered=False):
     """The synthetic stream of `kind`, with every piece mapped into `ALPHABET` ids when
     `small` (what a masked LM learns in a few steps, and what tells the generator's samples
     from the original) until step `random_from` (then uniformly random: a loss that rises);
-    with `key_is_query` a mixup_pair's key rows are its query rows (XLCo's positive is the
-    query itself, masked otherwise)."""
+    `ordered`: each piece is then its position's (mod `ALPHABET`), which a masked LM learns to
+    read from the context, its accuracy rising far above its first steps'; with
+    `key_is_query` a mixup_pair's key rows are its query rows (XLCo's positive is the query
+    itself, masked otherwise)."""
     def batches(global_batch, seq_len, seed, start):
         stream = synthetic_batches(global_batch, seq_len, 256, kind, seed=seed, start_step=start)
         for step, batch in enumerate(stream, start):
             if small and (random_from is None or step < random_from):
-                batch = {k: np.where(v >= FIRST_PIECE_ID, FIRST_PIECE_ID + v % ALPHABET, v)
+                position = np.arange(seq_len)[None, :]
+                batch = {k: np.where(v >= FIRST_PIECE_ID, FIRST_PIECE_ID + (
+                    position if ordered else v) % ALPHABET, v)
                          if k.endswith("input_ids") else v for k, v in batch.items()}
             if key_is_query:
                 batch.update({"key_" + k[6:]: v for k, v in batch.items()
@@ -60,11 +65,15 @@ def _objectives(mono, pair):
     older keys a short run learns to tell from the new by their age alone), as cosines of
     mean-pooled embeddings (the tiny model's `<s>` states are nearly the same for every row),
     at weight 20: the discriminator pushes every piece it sees replaced one way, which at
-    weight 1 makes the rows' embeddings alike faster than XLCo keeps them apart."""
+    weight 1 makes the rows' embeddings alike faster than XLCo keeps them apart. MMLM at
+    weight 5: beside those two, at weight 1 its accuracy on the healthy stream stayed where
+    its first steps had it (0.17; the generator's own masked LM reached 0.85), which the
+    'unmoved' check rightly reports."""
     def spec(make, task, weight=1.0):
         return loop.ObjectiveSpec(factory=make, task=task, weight=weight)
     return {
-        "mmlm": spec(lambda model, name: MaskedLM(model, name=name, max_predictions=6), mono),
+        "mmlm": spec(lambda model, name: MaskedLM(model, name=name, max_predictions=6), mono,
+                     weight=5.0),
         "mrtd": spec(lambda model, name: ReplacedTokenDetection(
             model, name=name, generator_layers=1, max_predictions=6, temperature=100.0), mono),
         "xlco": spec(lambda model, name: XLCo(
@@ -93,11 +102,17 @@ def test_a_run_that_learns_nothing_warns_once_per_failed_check_and_lists_them_la
     r, warned, lines = _run(tmp_path, _objectives("synthetic:mono", "synthetic:mixup_pair"),
                             caplog)
     fired = [f.metric for f in r.health.fired]
-    assert sorted(fired) == ["mmlm/accuracy", "mrtd/mlm_accuracy", "mrtd/rtd_accuracy",
-                             "mrtd/rtd_precision", "mrtd/rtd_recall", "xlco/accuracy"]
+    # the floor and the detector's checks at step 15, the first step a window is full; the
+    # masked LMs' accuracy not moved from their first 5 steps, read at the last step
+    assert sorted(fired) == ["mmlm/accuracy", "mmlm/accuracy", "mrtd/mlm_accuracy",
+                             "mrtd/mlm_accuracy", "mrtd/rtd_accuracy", "mrtd/rtd_precision",
+                             "mrtd/rtd_recall", "xlco/accuracy"]
     assert warned == [f.message for f in r.health.fired]  # one WARNING each, never again
-    assert all(f.step == 15 for f in r.health.fired)  # the first step a window is full
-    by = {f.metric: f for f in r.health.fired}
+    unmoved = [f for f in r.health.fired if "has not moved" in f.message]
+    assert [f.metric for f in unmoved] == ["mmlm/accuracy", "mrtd/mlm_accuracy"]
+    assert all(f.step == STEPS for f in unmoved)
+    assert all(f.step == 15 for f in r.health.fired if f not in unmoved)
+    by = {f.metric: f for f in r.health.fired if f not in unmoved}
     assert by["mrtd/rtd_recall"].message == (
         "health check: mrtd/rtd_recall=0.000 after 15 steps (<= 0.01; the mean of its last 5 "
         "steps): the discriminator finds no replaced token (it answers 'original' everywhere: "
@@ -113,13 +128,13 @@ def test_a_run_that_learns_nothing_warns_once_per_failed_check_and_lists_them_la
     assert by["mmlm/accuracy"].value < 0.02 and "<= the floor 0.02" in (
         by["mmlm/accuracy"].message)
     assert lines[-1] == r.health.summary()
-    assert lines[-1].startswith("health: 6 of 9 checks fired: ")
+    assert lines[-1].startswith("health: 8 of 11 checks fired: ")
     for metric in fired:
         assert f"{metric}=" in lines[-1]
 
 
 def test_a_healthy_run_of_the_same_objectives_warns_about_nothing(tmp_path, caplog):
-    r, warned, lines = _run(tmp_path, _objectives(_stream("mono"), _stream(
+    r, warned, lines = _run(tmp_path, _objectives(_stream("mono", ordered=True), _stream(
         "mixup_pair", small=False, key_is_query=True)), caplog)
     m = r.last_metrics
     # healthy, far from every threshold: what makes this run the other run's control
@@ -127,8 +142,8 @@ def test_a_healthy_run_of_the_same_objectives_warns_about_nothing(tmp_path, capl
     assert m["mrtd/rtd_accuracy"] > 0.95 and m["xlco/accuracy"] > 0.5
     assert m["mmlm/accuracy"] > 0.05 and m["mrtd/mlm_accuracy"] > 0.05
     assert warned == [] and r.health.fired == ()
-    assert r.health.ran == r.health.checks == 9  # every check ran, rises included
-    assert lines[-1] == "health: none of the 9 checks fired (9 ran)"
+    assert r.health.ran == r.health.checks == 11  # every check ran, rises included
+    assert lines[-1] == "health: none of the 11 checks fired (11 ran)"
 
 
 def test_a_rising_loss_warns(tmp_path, caplog):
@@ -164,12 +179,13 @@ def test_the_cli_warns_and_its_last_lines_list_the_checks(tmp_path):
     warned = [line[line.index("health check: "):] for line in r.stderr.splitlines()
               if "WARNING" in line and "health check: " in line]
     assert [w.split("=")[0] for w in warned] == ["health check: mmlm/accuracy",
-                                                 "health check: tlm/accuracy"]
-    assert all(" after 15 steps (<= the floor 0.02;" in w for w in warned)
+                                                 "health check: tlm/accuracy"] * 2
+    assert all(" after 15 steps (<= the floor 0.02;" in w for w in warned[:2])
+    assert all(" after 20 steps (" in w and "has not moved" in w for w in warned[2:])
     lines = r.stdout.splitlines()
-    assert lines[-2].startswith("health: 2 of 4 checks fired: mmlm/accuracy=")
-    assert "(step 15), tlm/accuracy=" in lines[-2]
-    assert lines[-1] == (f"done: 20 steps in {model_dir}; 2 health check(s) fired (the line "
+    assert lines[-2].startswith("health: 4 of 6 checks fired: mmlm/accuracy=")
+    assert "(step 15), tlm/accuracy=" in lines[-2] and "(step 20)" in lines[-2]
+    assert lines[-1] == (f"done: 20 steps in {model_dir}; 4 health check(s) fired (the line "
                          "above)")
 
 
@@ -296,12 +312,13 @@ def test_btmlm_is_read_only_from_its_start_step():
 def test_which_checks_each_objective_gets():
     def checks(o):
         return [(c.metric, c.condition) for c in health.checks_of(WeightedObjective(o))]
-    assert checks(MaskedLM(NET)) == [("accuracy", "below_floor"), ("loss", "rising")]
+    assert checks(MaskedLM(NET)) == [("accuracy", "below_floor"), ("accuracy", "unmoved"),
+                                     ("loss", "rising")]
     # XLM-E watches its generator's loss for a rise: the detection loss may rise legitimately
     assert checks(ReplacedTokenDetection(NET, generator_layers=1)) == [
         ("rtd_precision", "near_zero"), ("rtd_recall", "near_zero"),
         ("rtd_accuracy", "near_baseline"), ("mlm_accuracy", "below_floor"),
-        ("mlm_loss", "rising")]
+        ("mlm_accuracy", "unmoved"), ("mlm_loss", "rising")]
     # an objective that declares nothing (fine-tuning) still has its loss watched
     assert checks(SequenceClassification(NET)) == [("loss", "rising")]
 
@@ -313,7 +330,8 @@ def test_config_defaults_and_errors():
     for bad, match in (({"window_steps": 0}, "window_steps=0 must be an integer >= 1"),
                        ({"warmup_steps": -1}, "warmup_steps=-1 must be None or an integer"),
                        ({"chance_factor": math.nan}, "chance_factor=nan must be a number"),
-                       ({"accuracy_floor": -0.1}, "accuracy_floor=-0.1 must be a number")):
+                       ({"accuracy_floor": -0.1}, "accuracy_floor=-0.1 must be a number"),
+                       ({"noise_sigmas": math.inf}, "noise_sigmas=inf must be a number")):
         with pytest.raises(ValueError, match=match):
             health.HealthConfig(**bad)
 
@@ -333,7 +351,7 @@ def test_the_action_logs_each_check_once_and_reports_off_when_disabled(caplog):
             off(end(step), None)
     assert [r.getMessage().split(" after")[0] for r in caplog.records] == [
         "health check: mmlm/accuracy=0.000"]
-    assert on.report().summary().startswith("health: 1 of 2 checks fired: mmlm/accuracy=0.000 "
+    assert on.report().summary().startswith("health: 1 of 3 checks fired: mmlm/accuracy=0.000 "
                                             "(step 15)")
     assert off.report().summary() == "health: checks off (HealthConfig.enabled = False)"
     quiet = actions.CheckHealth(objs, WATCH, 0)
@@ -341,3 +359,100 @@ def test_the_action_logs_each_check_once_and_reports_off_when_disabled(caplog):
         quiet(end(step), None)
     assert quiet.report().summary() == ("health: no check ran (each needs 5 of its "
                                         "objective's steps after step 10)")
+
+
+# ---------------------------------------------------------------- not moved; evaluators
+
+START = [0.04, 0.06, 0.05, 0.04, 0.06]  # mean 0.05, standard deviation 0.01
+
+
+@pytest.mark.parametrize("end, fires", [
+    ([0.05, 0.07, 0.06, 0.05, 0.07], True),  # +0.010: within 2 x the noise, 0.0126
+    ([0.07, 0.09, 0.08, 0.07, 0.09], False),  # +0.030
+    ([0.058] * 5, True),  # +0.008 and no spread at the end: the 0.01 floor decides
+    ([0.065] * 5, False),  # +0.015
+    ([0.03] * 5, True)])  # a fall
+def test_an_accuracy_not_moved_from_its_first_window_fires_at_the_last_step(end, fires):
+    """Steps 1-5 (inside the warm-up: they count for the start) at `START`, the last 5 at
+    `end`; the threshold is the larger of 2 standard errors of the difference (each window's
+    from its steps' spread) and a gain of 0.01. Read only at the last step."""
+    def metrics(step):
+        accuracy = START[step - 1] if step <= 5 else end[(step - 35) % 5]
+        return {"mmlm/loss": 4.0, "mmlm/accuracy": accuracy}
+    rise = statistics.mean(end) - statistics.mean(START)
+    noise = math.hypot(statistics.stdev(START) / math.sqrt(5),
+                       statistics.stdev(end) / math.sqrt(5))
+    assert (rise <= max(2 * noise, 0.01)) == fires  # the formula, by hand
+    m = _monitor(MaskedLM(NET))
+    assert _feed(m, range(1, 40), metrics) == {}  # never `final`
+    fired = m.check(39, final=True)
+    assert [f.metric for f in fired] == (["mmlm/accuracy"] if fires else [])
+    if fires:
+        shown = f"{noise:.3f}" if noise == 0 or noise >= 1e-3 else f"{noise:.2e}"
+        assert fired[0].message == (
+            f"health check: mmlm/accuracy={statistics.mean(end):.3f} after 39 steps "
+            f"({rise:+.3f} on its first 5 steps' 0.050: not more than 2 x its noise, {shown}, "
+            "nor 0.01; the mean of its last 5 steps): the masked LM's accuracy has not moved "
+            "from where the run started it (it learns nothing more from this data); try a "
+            "higher learning rate (OptimizerConfig.learning_rate), or more steps")
+
+
+class _Scores(evaluators.Evaluator):
+    """A real evaluator of the protocol whose scores are given per step (acc1 and its
+    standard error), so the watch is tested on known values."""
+
+    prefix, every, watched = "retrieval", 1, ("acc1",)
+
+    def __init__(self, by_step):
+        self.by_step = by_step
+
+    def run(self, state_or_params, step):
+        acc1, se = self.by_step[step]
+        return {"acc1": acc1, "acc1_se": se, "seconds": 0.1}
+
+
+class _Writer:
+    def __init__(self):
+        self.rows = []
+
+    def write_scalars(self, step, values, prefix):
+        self.rows.append((step, prefix, dict(values)))
+
+
+def test_an_evaluator_falling_below_step_0_by_more_than_its_noise_warns_once(caplog):
+    """acc1 12.2 +- 1.0 at step 0; a fall to 10.0 +- 1.0 is within 2 x sqrt(2) = 2.83 and
+    says nothing; 8.5 +- 1.0 (3.7 below) warns, once; 7.5 later does not warn again."""
+    ev = _Scores({0: (12.2, 1.0), 100: (10.0, 1.0), 200: (8.5, 1.0), 300: (7.5, 1.0)})
+    checks = actions.CheckHealth([WeightedObjective(MaskedLM(NET))], WATCH, 0, evaluators=[ev])
+    evaluate = actions.Evaluate([ev], _Writer(), health=checks)
+    with caplog.at_level(logging.WARNING, logger=health.logger.name):
+        evaluate.at_start(None)
+        for step in (100, 200, 300):
+            evaluate(actions.StepEnd(step, False, False, False, 0, lambda: None), None)
+    assert [r.getMessage() for r in caplog.records] == [
+        "health check: retrieval/acc1=8.500 after 200 steps, below its step-0 value 12.200 by "
+        "3.700 (more than 2 x the noise of the difference, 1.414): training moves the encoder "
+        "away from what this evaluator measures; try a lower learning rate "
+        "(OptimizerConfig.learning_rate), or compare with a control run"]
+    report = checks.report()
+    assert report.checks == 4 and [f.metric for f in report.fired] == ["retrieval/acc1"]
+    assert "retrieval/acc1=8.500 (step 200)" in report.summary()
+    # without a step-0 value (no eval_at_start) nothing is watched
+    quiet = actions.CheckHealth([], WATCH, 0, evaluators=[ev])
+    actions.Evaluate([ev], _Writer(), health=quiet)(
+        actions.StepEnd(200, False, False, False, 0, lambda: None), None)
+    assert quiet.evaluations.checks == 0 and quiet.evaluations.fired == []
+
+
+def test_the_trainer_watches_its_evaluators_from_step_0(tmp_path, caplog):
+    """Through `loop.train` with eval_at_start: the step-0 scores are the start, a later fall
+    beyond the noise is a WARNING and is listed on the run's last line."""
+    ev = _Scores({0: (12.2, 1.0), 1: (12.0, 1.0), 2: (11.0, 1.0), 3: (7.5, 1.0), 4: (7.0, 1.0)})
+    out = io.StringIO()
+    with caplog.at_level(logging.WARNING, logger=health.logger.name):
+        r = _train(tmp_path / "run", 4, out=out, save_checkpoints=False, evaluators=[ev],
+                   eval_at_start=True, health=WATCH)
+    assert [f.metric for f in r.health.fired] == ["retrieval/acc1"]
+    assert r.health.fired[0].step == 3 and r.health.fired[0].value == 7.5
+    assert [m.getMessage() for m in caplog.records] == [r.health.fired[0].message]
+    assert out.getvalue().splitlines()[-1].startswith("health: 1 of ")

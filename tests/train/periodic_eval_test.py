@@ -158,6 +158,7 @@ def test_loop_writes_retrieval_and_keeps_the_best_checkpoint(tmp_path):
                                  batch_size=16)
     for k, v in offline.per_layer.items():
         assert 100 * v == pytest.approx(evals[6][f"retrieval/acc1_layer{k}"], abs=1e-6)
+    assert 100 * offline.standard_error == pytest.approx(evals[6]["retrieval/acc1_se"], abs=1e-6)
 
     # Keep-best: each save carries the metric of its own step; kept = latest + best save
     # (orbax's BestN keeps the later of equal scores).
@@ -257,8 +258,8 @@ def test_retrieval_config_subset_and_errors(tmp_path):
     assert subset.metric_names() is None  # not known before it is bound to a model
     subset.bind(_context(tmp_path))
     assert [evaluators.full_name(subset, n) for n in subset.metric_names()] == [
-        "retrieval/acc1", "retrieval/layer", "retrieval/acc1_layer0", "retrieval/acc1_layer2",
-        "retrieval/seconds"]
+        "retrieval/acc1", "retrieval/acc1_se", "retrieval/layer", "retrieval/acc1_layer0",
+        "retrieval/acc1_layer2", "retrieval/seconds"]
     subset.close()
     with pytest.raises(ValueError, match="no files for language"):
         evaluators.TatoebaRetrieval(tatoeba_dir=DEMO_TATOEBA, languages=["xx"]).bind(

@@ -180,6 +180,16 @@ class ProbeResult:
     train_accuracy: float
     accuracy: dict[str, float]
     auc: dict[str, float] | None = None
+    counts: dict[str, int] | None = None  # test pairs per language
+
+    @property
+    def standard_error(self) -> float | None:
+        """The binomial standard error of `average` (each zero-shot language's accuracy an
+        independent proportion over its test pairs; None without `counts`)."""
+        if not self.counts:
+            return None
+        terms = [p * (1.0 - p) / max(self.counts[lang], 1) for lang, p in self.transfer.items()]
+        return float(np.sqrt(sum(terms)) / len(terms)) if terms else None
 
     @property
     def transfer(self) -> dict[str, float]:
@@ -209,6 +219,8 @@ class ProbeResult:
         was tested), `auc_avg` (binary tasks) and `train_acc`."""
         out = {f"acc_{lang}": 100.0 * v for lang, v in self.accuracy.items()}
         out["avg"] = 100.0 * self.average
+        if self.standard_error is not None:
+            out["avg_se"] = 100.0 * self.standard_error
         if self.gap is not None:
             out["gap"] = 100.0 * self.gap
         if self.auc_average is not None:
@@ -252,4 +264,5 @@ def evaluate(encoder: Any, data: ProbeData, layer: int, pool: str = "mean",
         if len(data.labels) == 2:
             auc[lang] = roc_auc(logits[:, 1] - logits[:, 0], labels)
     return ProbeResult(data.train_language, float(np.mean(head.predict(x) == y)), accuracy,
-                       auc if len(data.labels) == 2 else None)
+                       auc if len(data.labels) == 2 else None,
+                       {lang: len(exs) for lang, exs in data.test.items()})

@@ -89,6 +89,19 @@ class RetrievalResult:
         return _average(self.per_language)
 
     @property
+    def standard_error(self) -> float:
+        """The binomial standard error of `average`: each direction's acc@1 over its
+        `num_pairs` sentences as an independent proportion, Var(mean of means) =
+        sum of p(1 - p) / n over languages and directions / (2 x languages)^2. The hits of
+        one sentence set at two steps are correlated, so for a difference of two steps this
+        overstates the noise (a conservative test: our choice)."""
+        if not self.per_language:
+            return float("nan")
+        terms = [p * (1.0 - p) / max(s.num_pairs, 1) for s in self.per_language.values()
+                 for p in (s.src_to_eng, s.eng_to_src)]
+        return float(np.sqrt(sum(terms)) / len(terms))
+
+    @property
     def per_layer(self) -> dict[int, float]:
         """Average acc@1 of every evaluated layer."""
         return {layer: _average(scores)

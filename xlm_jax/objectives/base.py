@@ -137,8 +137,12 @@ def check_kind(owner: str, kind: str, allowed: Sequence[str] = KINDS) -> str:
 #   against 1 / (negatives + 1));
 # - below_floor: the value is at or below a small absolute floor (a masked LM's accuracy: the
 #   most-frequent-token rate is not among the metrics, so the floor is its proxy);
-# - rising: the value's mean over the last window is above the window's before (a loss).
-HEALTH_CONDITIONS = ("near_zero", "near_baseline", "near_chance", "below_floor", "rising")
+# - rising: the value's mean over the last window is above the window's before (a loss);
+# - unmoved: at the run's last step, the value's mean over the last window is not above its
+#   mean over the objective's first window by more than their noise (a masked LM's accuracy
+#   that training did not raise, wherever it started).
+HEALTH_CONDITIONS = ("near_zero", "near_baseline", "near_chance", "below_floor", "rising",
+                     "unmoved")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +192,25 @@ def accuracy_floor_check(who: str, metric: str = "accuracy", after_updates: int 
         meaning=f"{who} is right less often than always answering the commonest token would be "
                 "(it learns nothing)",
         knob="a higher learning rate (OptimizerConfig.learning_rate)")
+
+
+def accuracy_unmoved_check(who: str, metric: str = "accuracy", after_updates: int = 0
+                           ) -> HealthCheck:
+    """The check that a masked LM's token accuracy rose at all over the run: the issue of a
+    run whose masked LM stayed near 5% for 600 steps while its retrieval fell, and no check
+    said anything (the floor is below 5%)."""
+    return HealthCheck(
+        metric, "unmoved", after_updates=after_updates,
+        meaning=f"{who}'s accuracy has not moved from where the run started it (it learns "
+                "nothing more from this data)",
+        knob="a higher learning rate (OptimizerConfig.learning_rate), or more steps")
+
+
+def masked_lm_checks(who: str, metric: str = "accuracy", after_updates: int = 0
+                     ) -> tuple[HealthCheck, HealthCheck]:
+    """A masked LM's two accuracy checks: below the floor, and not moved from its start."""
+    return (accuracy_floor_check(who, metric, after_updates),
+            accuracy_unmoved_check(who, metric, after_updates))
 
 
 def loss_rising_check(metric: str = "loss", who: str = "the loss", ready: str | None = None,

@@ -80,7 +80,7 @@ from xlm_jax.models import masks as masks_lib
 from xlm_jax.models.token_mask import TokenMask
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import (ROW_IDS, Batch, HealthCheck, LossOutput, Metric, Objective,
-                                     accuracy_floor_check, loss_rising_check)
+                                     masked_lm_checks, loss_rising_check)
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens, regular_token_logits
 from xlm_jax.objectives.mlm import masked_lm_sums, with_restarted_positions
 
@@ -220,8 +220,9 @@ class CrossAttentionMLM(Objective):
         return LossOutput(losses={"src": src_sum, "tgt": tgt_sum}, metrics=metrics)
 
     def health_checks(self) -> tuple[HealthCheck, ...]:
-        """Its accuracy (both sides) at or below the floor (`train.health`)."""
-        return (accuracy_floor_check("CAMLM's masked LM"),)
+        """Its accuracy (both sides) at or below the floor, or not moved from its start
+        (`train.health`)."""
+        return masked_lm_checks("CAMLM's masked LM")
 
     def flops_per_example(self, seq_len: int) -> float:
         """One or two differentiated passes and the head at both sides' prediction slots."""
@@ -423,7 +424,7 @@ class BackTranslationMLM(Objective):
                 + 3.0 * (enc + self.masking.max_predictions * head))
 
     def health_checks(self) -> tuple[HealthCheck, ...]:
-        """Stage 2's accuracy at or below the floor and its loss rising, both from its
-        `start_step`-th update on (its loss is 0 before)."""
-        return (accuracy_floor_check("BTMLM's masked LM", after_updates=self.start_step),
+        """Stage 2's accuracy at or below the floor or not moved, and its loss rising, all
+        from its `start_step`-th update on (its loss is 0 before)."""
+        return (*masked_lm_checks("BTMLM's masked LM", after_updates=self.start_step),
                 loss_rising_check(after_updates=self.start_step))

@@ -78,7 +78,7 @@ from xlm_jax.models.common import normal_init
 from xlm_jax.models.config import POSITION_TYPES, ModelConfig
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import (Batch, HealthCheck, LossOutput, Metric, Objective,
-                                     accuracy_floor_check, check_kind, loss_rising_check)
+                                     masked_lm_checks, check_kind, loss_rising_check)
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens, regular_token_logits
 from xlm_jax.objectives.mlm import (check_restart, encoder_kwargs, masked_lm_sums,
                                     with_restarted_positions)
@@ -377,5 +377,5 @@ class ReplacedTokenDetection(Objective):
                         baseline_name="the majority rate 1 - replaced share",
                         meaning="the discriminator does no better than answering 'original' "
                                 "everywhere"),
-            accuracy_floor_check("the generator's masked LM", "mlm_accuracy"),
+            *masked_lm_checks("the generator's masked LM", "mlm_accuracy"),
             loss_rising_check("mlm_loss", "the generator's loss"))

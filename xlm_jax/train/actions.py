@@ -141,19 +141,35 @@ class CheckHealth(Action):
     again; `report()` lists them for the run's last line. Off with `HealthConfig.enabled`."""
 
     def __init__(self, objs: Sequence[step_lib.WeightedObjective], cfg: health_lib.HealthConfig,
-                 lr_warmup_steps: int, is_primary: bool = True):
+                 lr_warmup_steps: int, is_primary: bool = True,
+                 evaluators: Sequence[evaluators_lib.Evaluator] = ()):
         self.cfg, self.is_primary = cfg, is_primary
         self.warmup_steps = cfg.warmup(lr_warmup_steps)
         self.monitor = health_lib.Monitor(objs, cfg, self.warmup_steps) if cfg.enabled else None
+        watched = [evaluators_lib.full_name(ev, n) for ev in evaluators
+                   for n in getattr(ev, "watched", ())]
+        self.evaluations = health_lib.EvalWatch(watched, cfg) if cfg.enabled else None
+
+    def _warn(self, fired: Sequence[health_lib.Fired]) -> None:
+        for f in fired:
+            if self.is_primary:
+                health_lib.logger.warning(f.message)
 
     def __call__(self, end: StepEnd, state: Any) -> None:
         if self.monitor is None or not end.metrics:
             return
         for step, metrics in end.metrics:
             self.monitor.observe(step, metrics)
-        for fired in self.monitor.check(end.step):
-            if self.is_primary:
-                health_lib.logger.warning(fired.message)
+        self._warn(self.monitor.check(end.step, final=end.final))
+
+    def evaluated(self, step: int, values: Mapping[str, float]) -> None:
+        """The evaluators' scalars of `step` (`Evaluate`): step 0's are the start values."""
+        if self.evaluations is None:
+            return
+        if step == 0:
+            self.evaluations.start(values)
+        else:
+            self._warn(self.evaluations.check(step, values))
 
     def report(self) -> health_lib.HealthReport:
         """What the checks found so far (an empty report when they are off)."""
@@ -161,7 +177,11 @@ class CheckHealth(Action):
             return health_lib.HealthReport(enabled=False, checks=0, ran=0, fired=(),
                                            warmup_steps=self.warmup_steps,
                                            window_steps=self.cfg.window_steps)
-        return self.monitor.report()
+        report = self.monitor.report()
+        evals = self.evaluations
+        return dataclasses.replace(report, checks=report.checks + evals.checks,
+                                   ran=report.ran + evals.ran,
+                                   fired=report.fired + tuple(evals.fired))
 
 
 class Evaluate(Action):
@@ -173,8 +193,10 @@ class Evaluate(Action):
 
     def __init__(self, evaluators: Sequence[evaluators_lib.Evaluator],
                  writer: writers_lib.MetricsWriter,
-                 ranked: evaluators_lib.Evaluator | None = None):
+                 ranked: evaluators_lib.Evaluator | None = None,
+                 health: CheckHealth | None = None):
         self.evaluators, self.writer, self.ranked = list(evaluators), writer, ranked
+        self.health = health  # told every step's scalars (their fall below step 0's)
 
     def _due(self, ev: evaluators_lib.Evaluator, end: StepEnd) -> bool:
         return ev.due(end.step) or (ev is self.ranked and end.saving and not end.preempted)
@@ -186,9 +208,13 @@ class Evaluate(Action):
         """Every evaluator on the initial state, written at step 0: the untrained (or loaded,
         `init_from`) model's baseline in the same curves as the trained one's
         (`loop.train.eval_at_start`)."""
+        scores: dict[str, float] = {}
         for ev in self.evaluators:
             values = {evaluators_lib.full_name(ev, k): v for k, v in ev.run(state, 0).items()}
             self.writer.write_scalars(0, values, prefix="eval")
+            scores.update(values)
+        if self.health is not None:
+            self.health.evaluated(0, scores)
 
     def __call__(self, end: StepEnd, state: Any) -> None:
         scores: dict[str, float] = {}
@@ -200,6 +226,8 @@ class Evaluate(Action):
             scores.update(values)
         if scores:
             end.scores = scores
+            if self.health is not None:
+                self.health.evaluated(end.step, scores)
 
     def close(self) -> None:
         for ev in reversed(self.evaluators):

@@ -21,7 +21,10 @@ The protocol (`Evaluator` gives the defaults):
   `{prefix}/{name}` (`prefix` '' writes `name` alone); every process calls it at the same
   steps (an evaluator may gather sharded parameters, a collective);
 - `metric_names()`: the names `run` will return, when known before it runs (None: unknown),
-  which `CheckpointConfig.best_metric` is checked against; `close()` after the last step.
+  which `CheckpointConfig.best_metric` is checked against; `close()` after the last step;
+- `watched`: the scalars (higher is better) whose fall below their step-0 value the run's
+  health checks watch (`train.health.EvalWatch`, with `loop.train.eval_at_start`); `run`
+  returns each with its standard error as `NAME_se`.
 
 The three evaluators: `HeldOutLoss` (each objective's loss on a held-out task: `mmlm/loss`,
 ...), `TatoebaRetrieval` (`retrieval/acc1`, ...) and `TransferProbe` (`probe/avg`, ...; a
@@ -80,6 +83,7 @@ class Evaluator:
 
     prefix: str = ""
     every: int = 1000
+    watched: tuple[str, ...] = ()  # see the module docstring
 
     def bind(self, ctx: EvalContext) -> None:
         """Checks and keeps what the evaluator needs from the run; called before compiling."""
@@ -279,6 +283,8 @@ class TatoebaRetrieval(Evaluator):
 
       acc1            mean acc@1 (%) over languages and both directions, at the layer asked
                       for (several layers: the best of them, as the CLI reports)
+      acc1_se         its binomial standard error (`RetrievalResult.standard_error`); acc1 is
+                      watched (its fall below step 0's warns, `train.health`)
       layer           that layer (several layers only)
       acc1_layer{k}   each layer's mean acc@1 (%) (several layers only)
       seconds         the eval's wall time (gather + embed + rank)
@@ -288,6 +294,8 @@ class TatoebaRetrieval(Evaluator):
     "cls"; `languages` None: every language of the directory; `max_sentences`: the first N
     lines of each language (None: all); `max_length`: tokens per sentence (None: the
     Encoder's default, 128)."""
+
+    watched = ("acc1",)
 
     def __init__(self, tatoeba_dir: str = "", every: int = 1000,
                  layers: int | str | Sequence[int] = "all", pool: str = "mean",
@@ -323,7 +331,7 @@ class TatoebaRetrieval(Evaluator):
         if self._layers is None:
             return None
         several = ["layer", *(f"acc1_layer{k}" for k in self._layers)]
-        return ["acc1", *(several if len(self._layers) > 1 else []), "seconds"]
+        return ["acc1", "acc1_se", *(several if len(self._layers) > 1 else []), "seconds"]
 
     def bind(self, ctx: EvalContext) -> None:
         self.close()  # a second run with the same object starts afresh
@@ -355,7 +363,7 @@ class TatoebaRetrieval(Evaluator):
             result = retrieval.evaluate(
                 encoder, self._dir, self._layers, self._languages, pool=self.pool,
                 max_length=self.max_length, batch_size=self.batch_size, step=step)
-        scalars = {"acc1": 100.0 * result.average}
+        scalars = {"acc1": 100.0 * result.average, "acc1_se": 100.0 * result.standard_error}
         if len(self._layers) > 1:
             scalars["layer"] = float(result.reported_layer)
             scalars.update({f"acc1_layer{k}": 100.0 * v for k, v in result.per_layer.items()})
@@ -378,7 +386,9 @@ class TransferProbe(Evaluator):
     on each test language, every `every` steps, under the prefix `probe`:
 
       acc_{lang}  test accuracy (%) per language, the training language's included
-      avg         mean over the languages other than the training one (zero-shot transfer)
+      avg         mean over the languages other than the training one (zero-shot transfer);
+                  watched (its fall below step 0's warns, `train.health`)
+      avg_se      its binomial standard error over the test pairs
       gap         the training language's accuracy minus avg (when it has a test file)
       auc_avg     mean ROC AUC (%) of the head's score over those languages (binary tasks)
       train_acc   accuracy on the training pairs (how well the head fits)
@@ -387,6 +397,8 @@ class TransferProbe(Evaluator):
     `layer` None is the last layer; `languages` None: every test file; `max_train` /
     `max_test`: the first N pairs of a file; `l2` and `steps`: the head's regularisation and
     L-BFGS iterations (our choices: 1e-2 on standardised features, 100)."""
+
+    watched = ("avg",)
 
     def __init__(self, data_dir: str = "", task: str = "pawsx", every: int = 1000,
                  train_language: str = "en", languages: Sequence[str] | None = None,
@@ -423,7 +435,7 @@ class TransferProbe(Evaluator):
         if self._data is None:
             return None
         tested = list(self._data.test)
-        return [*(f"acc_{lang}" for lang in tested), "avg",
+        return [*(f"acc_{lang}" for lang in tested), "avg", "avg_se",
                 *(["gap"] if self.train_language in tested else []),
                 *(["auc_avg"] if len(self._data.labels) == 2 else []), "train_acc", "seconds"]
 

@@ -37,7 +37,23 @@ Thresholds and warm-up, all our choice (gin: `loop.train.health = @health.Health
   flags a masked LM that does worse than the unigram answer; one stuck at the unigram answer
   passes (set `accuracy_floor` to the corpus's rate to flag that too). Uniformly random
   synthetic tokens (`synthetic:KIND`) cannot be learnt: a long synthetic run trips it;
-- rising loss: the window's mean more than 10% above the window's before.
+- rising loss: the window's mean more than 10% above the window's before;
+- unmoved (masked LMs' accuracy), read once, at the run's last step: the last window's mean
+  is not above the objective's first window's (its first `window_steps` steps, warm-up or
+  not) by more than `noise_sigmas` (2) standard errors of their difference, nor by more than
+  `accuracy_gain` (0.01, one point of accuracy). Each window's standard error is its steps'
+  spread (sample standard deviation / sqrt(steps)): it needs no count of predictions, which
+  the metrics do not carry for every accuracy (XLM-E's `count` is every token its
+  discriminator reads, not its generator's predictions). It fires whether the run started from scratch or from a pre-trained
+  encoder: either way the data taught the masked LM nothing the run could measure (a model
+  whose first steps already learnt the unigram answer, at a short warm-up, counts as
+  started there).
+Evaluators (`EvalWatch`, with `loop.train.eval_at_start`): a scalar an evaluator declares
+watched (`Evaluator.watched`: `retrieval/acc1`, `probe/avg`), with its standard error beside
+it (`..._se`), that falls below its step-0 value by more than `noise_sigmas` standard errors
+of the difference (both steps' errors combined; conservative, since the same sentences are
+scored at both) logs a WARNING once: training moves the encoder away from what the evaluator
+measures (the issue of a retrieval score falling from 12.2% to 7.5% unnoticed).
 Non-finite losses are not a health check: they stop the run (`actions.read_metrics`).
 """
 from __future__ import annotations
@@ -69,6 +85,10 @@ class HealthConfig:
     accuracy_floor: "below_floor" fires at or below it.
     loss_rise: "rising" fires when the window's mean is above the window's before by more than
       this fraction of it.
+    noise_sigmas: "unmoved" fires when an accuracy rose by no more than this many standard
+      errors of the rise; an evaluator's watched scalar fires when it fell by more than this
+      many standard errors of the fall.
+    accuracy_gain: "unmoved" also fires when the rise is no more than this.
     """
 
     enabled: bool = True
@@ -79,6 +99,8 @@ class HealthConfig:
     chance_factor: float = 2.0
     accuracy_floor: float = 0.02
     loss_rise: float = 0.1
+    noise_sigmas: float = 2.0
+    accuracy_gain: float = 0.01
 
     def __post_init__(self) -> None:
         def bad(field: str, why: str) -> ValueError:
@@ -90,7 +112,7 @@ class HealthConfig:
         if not isinstance(self.window_steps, int) or self.window_steps < 1:
             raise bad("window_steps", "must be an integer >= 1")
         for field in ("zero_tolerance", "baseline_margin", "chance_factor", "accuracy_floor",
-                      "loss_rise"):
+                      "loss_rise", "noise_sigmas", "accuracy_gain"):
             value = getattr(self, field)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise bad(field, "must be a number >= 0")
@@ -154,6 +176,7 @@ class _Watch:
     objective: str
     check: HealthCheck
     window: collections.deque
+    start: collections.deque | None = None  # "unmoved": the objective's first window
     ran: bool = False
     fired: Fired | None = None
 
@@ -164,6 +187,17 @@ def _fmt(value: float) -> str:
 
 def _mean(rows: Sequence[Mapping[str, float]], key: str) -> float:
     return sum(r[key] for r in rows) / len(rows)
+
+
+def _spread_se(rows: Sequence[Mapping[str, float]], key: str) -> float:
+    """The standard error of a window's mean of `key` from its steps' spread: the sample
+    standard deviation over sqrt(steps) (0 for a window of one step)."""
+    values = [r[key] for r in rows]
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return math.sqrt(variance / len(values))
 
 
 class Monitor:
@@ -179,7 +213,9 @@ class Monitor:
         for o in objs:
             for c in checks_of(o):
                 size = cfg.window_steps * (2 if c.condition == "rising" else 1)
-                self._watches.append(_Watch(o.name, c, collections.deque(maxlen=size)))
+                start = (collections.deque(maxlen=cfg.window_steps)
+                         if c.condition == "unmoved" else None)
+                self._watches.append(_Watch(o.name, c, collections.deque(maxlen=size), start))
 
     def observe(self, step: int, metrics: Mapping[str, float]) -> None:
         """Adds one step's metrics; an objective without a `loss` there did not run."""
@@ -191,8 +227,6 @@ class Monitor:
             prefix = f"{name}/"
             own[name] = {k[len(prefix):]: float(v) for k, v in metrics.items()
                          if k.startswith(prefix)}
-        if step <= self.warmup_steps:
-            return
         for w in self._watches:
             m = own.get(w.objective)
             c = w.check
@@ -200,12 +234,19 @@ class Monitor:
                     or self._updates[w.objective] <= c.after_updates
                     or (c.ready is not None and m.get(c.ready, 0.0) < 1.0 - 1e-6)):
                 continue
-            w.window.append(m)
+            if w.start is not None and len(w.start) < w.start.maxlen:
+                w.start.append(m)  # the objective's first window, warm-up or not
+            if step > self.warmup_steps:
+                w.window.append(m)
 
-    def check(self, step: int) -> list[Fired]:
-        """The checks that fire at `step` on their windows (full ones only)."""
+    def check(self, step: int, final: bool = False) -> list[Fired]:
+        """The checks that fire at `step` on their windows (full ones only); "unmoved" only
+        at the run's last step (`final`)."""
         out = []
         for w in self._watches:
+            if w.check.condition == "unmoved" and not (
+                    final and w.start is not None and len(w.start) == w.start.maxlen):
+                continue
             if w.fired is None and len(w.window) == w.window.maxlen:
                 found = self._evaluate(w, step)
                 if found is not None:
@@ -225,6 +266,16 @@ class Monitor:
                 return None
             rise = (value - before) / abs(before) if before else math.inf
             test = f"{rise:+.0%} on the {n} steps before, {_fmt(before)}"
+        elif c.condition == "unmoved":
+            first = list(w.start or ())
+            before, value = _mean(first, c.metric), _mean(rows, c.metric)
+            noise = math.hypot(_spread_se(first, c.metric), _spread_se(rows, c.metric))
+            w.ran = True
+            if value - before > max(cfg.noise_sigmas * noise, cfg.accuracy_gain):
+                return None
+            test = (f"{value - before:+.3f} on its first {n} steps' {_fmt(before)}: not more "
+                    f"than {cfg.noise_sigmas:g} x its noise, {_fmt(noise)}, nor "
+                    f"{cfg.accuracy_gain:g}")
         else:
             keys = set.intersection(*(set(r) for r in rows))
             means = {k: _mean(rows, k) for k in keys}
@@ -257,3 +308,63 @@ class Monitor:
                             ran=sum(w.ran for w in self._watches),
                             fired=tuple(self._fired),
                             warmup_steps=self.warmup_steps, window_steps=self.cfg.window_steps)
+
+
+class EvalWatch:
+    """Evaluators' watched scalars against their step-0 values (`loop.train.eval_at_start`):
+    `start` with the step-0 scalars, then `check` at each later evaluation; each watched
+    scalar that falls below its start by more than `noise_sigmas` standard errors (its
+    `NAME_se` beside it, at both steps) fires once. `watched`: the full names
+    (`retrieval/acc1`), higher being better."""
+
+    def __init__(self, watched: Sequence[str], cfg: HealthConfig):
+        self.watched, self.cfg = tuple(watched), cfg
+        self._start: dict[str, tuple[float, float]] = {}
+        self._ran: set[str] = set()
+        self.fired: list[Fired] = []
+
+    @property
+    def checks(self) -> int:
+        """The watched scalars that have a start value (those a later evaluation is held to)."""
+        return len(self._start)
+
+    @property
+    def ran(self) -> int:
+        return len(self._ran)
+
+    @staticmethod
+    def _estimate(values: Mapping[str, float], name: str) -> tuple[float, float] | None:
+        if name not in values or f"{name}_se" not in values:
+            return None
+        value, se = float(values[name]), float(values[f"{name}_se"])
+        return (value, se) if math.isfinite(value) and math.isfinite(se) else None
+
+    def start(self, values: Mapping[str, float]) -> None:
+        """The step-0 scalars of every evaluator."""
+        for name in self.watched:
+            found = self._estimate(values, name)
+            if found is not None:
+                self._start[name] = found
+
+    def check(self, step: int, values: Mapping[str, float]) -> list[Fired]:
+        """The watched scalars among `values` that fire now."""
+        out = []
+        done = {f.metric for f in self.fired}
+        for name, (before, se0) in self._start.items():
+            now = self._estimate(values, name)
+            if now is None or name in done:
+                continue
+            self._ran.add(name)
+            value, se = now
+            noise = math.hypot(se0, se)
+            if before - value <= self.cfg.noise_sigmas * noise:
+                continue
+            message = (f"health check: {name}={_fmt(value)} after {step} steps, below its "
+                       f"step-0 value {_fmt(before)} by {_fmt(before - value)} (more than "
+                       f"{self.cfg.noise_sigmas:g} x the noise of the difference, "
+                       f"{_fmt(noise)}): training moves the encoder away from what this "
+                       "evaluator measures; try a lower learning rate "
+                       "(OptimizerConfig.learning_rate), or compare with a control run")
+            out.append(Fired(name.split("/")[0], name, value, step, message))
+        self.fired.extend(out)
+        return out

@@ -246,11 +246,14 @@ def train(model_dir: str,
             log_every, flops_per_token)
         saver = actions_lib.SaveCheckpoint(ckpt, save_checkpoints, model_dir, data_resume,
                                            streams, built, resume.prefill)
-        evaluate = actions_lib.Evaluate(evals, writer, ranked if save_checkpoints else None)
+        # the objectives' health checks, and the evaluators' watched scalars against step 0's
+        checks = actions_lib.CheckHealth(objs, health, optimizer.warmup_steps, is_primary,
+                                         evals)
+        evaluate = actions_lib.Evaluate(evals, writer, ranked if save_checkpoints else None,
+                                        health=checks)
         run_actions = [
             actions_lib.Profile(model_dir, profile_first_step, profile_steps, train_steps), log,
             evaluate, saver, actions_lib.WriteOperativeConfig(model_dir), *actions]
-        checks = actions_lib.CheckHealth(objs, health, optimizer.warmup_steps, is_primary)
         run_actions.insert(run_actions.index(log) + 1, checks)  # reads what `log` had read
         if resume.step == 0 and save_initial:  # step 0 = the untrained model, for baselines
             saver.save_initial(state)
