@@ -202,6 +202,10 @@ def test_evaluate_against_reference(encoder, tatoeba_dir):
         score = res.per_layer_language[layer]["bb"]
         assert score.src_to_eng == pytest.approx(_brute_force(src, eng))
         assert score.eng_to_src == pytest.approx(_brute_force(eng, src))
+        # the per-sentence hits behind them (what the demo's bootstrap resamples)
+        assert len(score.hits[0]) == len(ENGLISH) == score.num_pairs
+        assert np.mean(score.hits[0]) == score.src_to_eng
+        assert np.mean(score.hits[1]) == score.eng_to_src
         want_avg = (2.0 + score.src_to_eng + score.eng_to_src) / 4
         assert res.per_layer[layer] == pytest.approx(want_avg)
     assert res.best_layer == max([0, 1, 2], key=lambda k: (res.per_layer[k], -k))
@@ -496,3 +500,35 @@ def test_standard_error_is_the_binomial_formula():
     variance = (0.5 * 0.5 / 50 + 0.3 * 0.7 / 50 + 0.9 * 0.1 / 200 + 0.8 * 0.2 / 200) / 16
     assert result.standard_error == pytest.approx(np.sqrt(variance))
     assert result.average == pytest.approx((0.5 + 0.3 + 0.9 + 0.8) / 4)
+
+
+def _result(hits_by_lang, layer=0):
+    """A RetrievalResult of given per-sentence hits ({lang: (forward, backward)})."""
+    scores = {lang: retrieval.LanguageScore(float(np.mean(f)), float(np.mean(b)), len(f),
+                                            hits=(np.asarray(f, bool), np.asarray(b, bool)))
+              for lang, (f, b) in hits_by_lang.items()}
+    return retrieval.RetrievalResult(layer, layer, scores, {layer: scores})
+
+
+def test_paired_bootstrap_matches_the_standard_error_of_a_paired_mean():
+    """The bootstrap's spread of a mean difference tends to the plug-in standard error
+    sd(d) / sqrt(n) of the per-sentence differences d (ddof 0); the average over languages to
+    sqrt(sum of their variances) / languages. Identical models spread 0."""
+    rng = np.random.default_rng(3)
+    a = {lang: (rng.random(n) < 0.3, rng.random(n) < 0.3) for lang, n in (("de", 80), ("fr", 150))}
+    b = {lang: (rng.random(len(f)) < 0.5, rng.random(len(f)) < 0.4) for lang, (f, _) in a.items()}
+    spread = retrieval.paired_bootstrap(_result(a), _result(b), resamples=6000, seed=1)
+    expected = {}
+    for lang in a:
+        d = ((b[lang][0].astype(float) + b[lang][1]) - (a[lang][0].astype(float) + a[lang][1])) / 2
+        expected[lang] = d.std() / np.sqrt(len(d))
+        assert spread.per_language[lang] == pytest.approx(expected[lang], rel=0.05)
+    assert spread.average == pytest.approx(np.sqrt(sum(v ** 2 for v in expected.values())) / 2,
+                                           rel=0.05)
+    same = retrieval.paired_bootstrap(_result(a), _result(a), resamples=50)
+    assert same.average == 0 and set(same.per_language.values()) == {0.0}
+    with pytest.raises(ValueError, match="languages differ"):
+        retrieval.paired_bootstrap(_result(a), _result({"de": b["de"]}))
+    from_json = retrieval.RetrievalResult.from_json(_result(a).to_json())
+    with pytest.raises(ValueError, match="lacks per-sentence hits"):
+        retrieval.paired_bootstrap(from_json, _result(b))

@@ -47,8 +47,13 @@ def test_demo_runs_end_to_end_and_writes_its_table_json_and_png(tmp_path):
                        text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = cwd / "out"  # a relative --model_dir is the working directory's
+    # the terminal: each run's progress and end lines as they come, no line over 160
+    assert re.search(r"^  paper: train 4/4 ", r.stdout, re.M), r.stdout
+    assert re.search(r"^  control: done: \d+ steps in ", r.stdout, re.M), r.stdout
+    echoed = [l for l in r.stdout.splitlines() if l.startswith(("  paper: ", "  control: "))]
+    assert echoed and max(map(len, echoed)) <= 160
 
-    row = r"^(\w+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([+-][\d.]+)$"
+    row = r"^(\w+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([+-][\d.]+)\s+[\d.]+$"
     table = {m.group(1): tuple(float(m.group(k)) for k in range(2, 6))
              for m in re.finditer(row, r.stdout, re.M)}
     assert set(table) == {*LANGS, "average"}

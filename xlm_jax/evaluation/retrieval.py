@@ -56,6 +56,10 @@ class LanguageScore:
     src_to_eng: float  # xx -> eng
     eng_to_src: float  # eng -> xx
     num_pairs: int
+    # Which sentences each direction found (xx -> eng, eng -> xx), when scored here (not read
+    # from JSON): what a paired comparison of two models resamples (the demo's bootstrap).
+    hits: tuple[np.ndarray, np.ndarray] | None = dataclasses.field(
+        default=None, compare=False, repr=False)
 
     @property
     def mean(self) -> float:
@@ -184,12 +188,55 @@ def _average(scores: Mapping[str, LanguageScore]) -> float:
     return float(np.mean([s.mean for s in scores.values()])) if scores else float("nan")
 
 
+@dataclasses.dataclass(frozen=True)
+class DeltaSpread:
+    """The bootstrap standard deviation of `b - a`'s acc@1 (fractions), per language and for
+    the average over languages."""
+
+    per_language: dict[str, float]
+    average: float
+    resamples: int
+
+
+def paired_bootstrap(a: RetrievalResult, b: RetrievalResult, resamples: int = 1000,
+                     seed: int = 0) -> DeltaSpread:
+    """How much `b.average - a.average` (and each language's difference) moves when the
+    held-out sentences are drawn again: each resample draws every language's sentences with
+    replacement, the same draw for both models and both directions (a paired bootstrap over
+    sentences), and recomputes the differences; the spread is their standard deviation. Both
+    results must come from `evaluate` (they carry each sentence's hits) on the same files."""
+    langs = sorted(b.per_language)
+    if sorted(a.per_language) != langs:
+        raise ValueError(f"paired_bootstrap: languages differ ({sorted(a.per_language)} and "
+                         f"{langs})")
+    rng = np.random.default_rng(seed)
+    deltas = np.zeros((resamples, len(langs)))
+    for j, lang in enumerate(langs):
+        sa, sb = a.per_language[lang], b.per_language[lang]
+        if sa.hits is None or sb.hits is None or sa.num_pairs != sb.num_pairs:
+            raise ValueError(f"paired_bootstrap: language {lang!r} lacks per-sentence hits "
+                             "(scores read from JSON) or was scored on other sentences")
+        # per sentence: the mean of its two directions' hits, b minus a
+        hits_a, hits_b = (np.asarray(sa.hits, float), np.asarray(sb.hits, float))  # [2, n]
+        diff = (hits_b.sum(axis=0) - hits_a.sum(axis=0)) / 2.0
+        draws = rng.integers(0, len(diff), size=(resamples, len(diff)))
+        deltas[:, j] = diff[draws].mean(axis=1)
+    return DeltaSpread({lang: float(deltas[:, j].std(ddof=1)) for j, lang in enumerate(langs)},
+                       float(deltas.mean(axis=1).std(ddof=1)), resamples)
+
+
 # ----------------------------------------------------------------------------- the metric
 
 def retrieval_accuracy(src_vecs: Any, tgt_vecs: Any) -> float:
     """acc@1 of cosine nearest-neighbour retrieval: row i of `src_vecs` should find row i of
-    `tgt_vecs`. Computed in float64 so that an exact duplicate (cosine 1) always wins; ties go
-    to the lowest index, as `argmax` does."""
+    `tgt_vecs` (the mean of `retrieval_hits`)."""
+    return float(np.mean(retrieval_hits(src_vecs, tgt_vecs)))
+
+
+def retrieval_hits(src_vecs: Any, tgt_vecs: Any) -> np.ndarray:
+    """Per row i of `src_vecs`, whether its cosine nearest neighbour in `tgt_vecs` is row i.
+    Computed in float64 so that an exact duplicate (cosine 1) always wins; ties go to the
+    lowest index, as `argmax` does."""
     src = np.asarray(src_vecs, np.float64)
     tgt = np.asarray(tgt_vecs, np.float64)
     if src.ndim != 2 or tgt.ndim != 2 or src.shape != tgt.shape:
@@ -200,7 +247,7 @@ def retrieval_accuracy(src_vecs: Any, tgt_vecs: Any) -> float:
     src = src / np.maximum(np.linalg.norm(src, axis=1, keepdims=True), 1e-12)
     tgt = tgt / np.maximum(np.linalg.norm(tgt, axis=1, keepdims=True), 1e-12)
     nearest = np.argmax(src @ tgt.T, axis=1)
-    return float(np.mean(nearest == np.arange(src.shape[0])))
+    return nearest == np.arange(src.shape[0])
 
 
 # ----------------------------------------------------------------------------- data
@@ -336,8 +383,10 @@ def evaluate(encoder: Any, tatoeba_dir: str, layers: int | str | Sequence[int] =
         src_all, eng_all = lookup(src_lang, pair.src), lookup(eng_lang, pair.eng)
         for k, layer in enumerate(layer_list):
             src, eng = src_all[k], eng_all[k]
+            forward, backward = retrieval_hits(src, eng), retrieval_hits(eng, src)
             per_layer_language[layer][pair.lang] = LanguageScore(
-                retrieval_accuracy(src, eng), retrieval_accuracy(eng, src), len(pair.src))
+                float(np.mean(forward)), float(np.mean(backward)), len(pair.src),
+                hits=(forward, backward))
     result = RetrievalResult(layer=layer_spec, reported_layer=layer_list[0], per_language={},
                              per_layer_language=per_layer_language, checkpoint=checkpoint,
                              step=step, layer_norm=layer_norm)

@@ -239,15 +239,16 @@ def trained_to(model_dir: str, steps: int) -> bool:
 
 
 def train(model_dir: str, gin_files: Sequence[str], bindings: Sequence[str], log_path: str,
-          what: str) -> float:
+          what: str, echo: Any = None, label: str = "") -> float:
     """`python -m xlm_jax.train` into `model_dir` (resuming whatever is there) as a child
-    process, output appended to `log_path`; returns the wall-clock seconds."""
+    process, output appended to `log_path` (and its progress and phase lines to `echo`, as
+    `  LABEL: LINE`, see `score.run_logged`); returns the wall-clock seconds."""
     args = [f"--model_dir={model_dir}", *[f"--gin_file={f}" for f in gin_files],
             *[f"--gin_bindings={b}" for b in bindings]]
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     t0 = time.time()
     with open(log_path, "a", encoding="utf-8") as log:
-        score_lib.run_logged(child_command("xlm_jax.train", args), log, what)
+        score_lib.run_logged(child_command("xlm_jax.train", args), log, what, echo, label)
     return time.time() - t0
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -231,13 +232,38 @@ class SubprocessError(ChildProcessError):
     """A step of the league run in a subprocess failed; the message names it and its log."""
 
 
-def run_logged(cmd: Sequence[str], log: Any, what: str) -> None:
+# The lines of a training child that `run_logged(echo=...)` shows on the terminal: the
+# trainer's progress line, its phases (the step's compile, a resume), its health checks and
+# its end; everything goes to the log.
+ECHOED = re.compile(r"^(train \d+/\d+ |tasks: |step compiled |resumed from |health: |done: |"
+                    r"error: |warning: |preempted )|health check: ")
+ECHO_WIDTH = 160  # characters of an echoed line, its label included
+
+
+def run_logged(cmd: Sequence[str], log: Any, what: str, echo: Any = None,
+               label: str = "") -> None:
     """Runs `cmd` with its output appended to the open file `log` (None: inherited); a non-zero
-    exit is a `SubprocessError` naming `what`, the command's last error line and the log."""
+    exit is a `SubprocessError` naming `what`, the command's last error line and the log.
+    `echo` (a stream, with `log`): the child's `ECHOED` lines are also written there as they
+    come, each as `  LABEL: LINE` cut to `ECHO_WIDTH` characters."""
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if log is None:
         proc = subprocess.run(list(cmd), env=env)
+    elif echo is not None:
+        log.flush()
+        with subprocess.Popen(list(cmd), env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, encoding="utf-8",
+                              errors="replace") as proc:
+            for line in proc.stdout:
+                log.write(line)
+                text = line.rstrip("\n")
+                if ECHOED.search(text):
+                    if "health check: " in text:
+                        text = text[text.index("health check: "):]
+                    echo.write(f"  {label or what}: {text}"[:ECHO_WIDTH] + "\n")
+                    echo.flush()
+        log.flush()
     else:
         log.flush()
         proc = subprocess.run(list(cmd), env=env, stdout=log, stderr=subprocess.STDOUT)
