@@ -126,6 +126,20 @@ def test_a_folder_of_the_users_is_refused_unless_allowed(tmp_path):
     assert md.CONFIG_NAME in after and md.checkpoint_steps(folder) == [1]
 
 
+def test_another_process_probe_or_half_written_file_is_not_a_users_file(tmp_path):
+    """What the run's other processes leave for an instant (the writability probe, a file
+    being written whole) does not make a new directory someone else's."""
+    path = tmp_path / "run"
+    path.mkdir()
+    (path / ".write_probe.4242.0123abcd").write_bytes(b"ok")
+    (path / f".{md.CONFIG_NAME}.tmp-4242").write_bytes(b"{")
+    found = run_dir.inspect(str(path), ModelConfig(**TINY_MODEL))
+    assert not found.is_run and found.entries == ()
+    (path / ".notes.tmp").write_text("mine")  # a user's hidden file still counts
+    with pytest.raises(run_dir.ModelDirRefused, match=r"\(\.notes\.tmp\)"):
+        run_dir.inspect(str(path), ModelConfig(**TINY_MODEL))
+
+
 def test_an_imported_encoder_is_refused(tmp_path):
     encoder = tmp_path / "xlmr"
     (encoder / md.PARAMS_DIR).mkdir(parents=True)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 from collections.abc import Sequence
 
 from xlm_jax import model_dir as md
@@ -48,6 +49,10 @@ ARCHITECTURE_FIELDS = (
 # Files and folders a trainer run writes (model_dir's layout); any one of the first three
 # makes a directory a run's.
 RUN_MARKERS = (md.CONFIG_NAME, md.RUN_INFO, md.CHECKPOINTS_DIR)
+# Files that are there only for an instant, written by the trainer's own processes: the
+# writability probe (`model_dir.check_writable`) and a file being written whole
+# (`model_dir.write_bytes`). Another process of the same run may see them while it inspects.
+_TRANSIENT = re.compile(r"^\.(write_probe\..+|.+\.tmp-\d+)$")
 _SHOWN = 3
 
 
@@ -71,7 +76,7 @@ def _names(path: str) -> tuple[str, ...]:
         raise ModelDirRefused(f"model_dir {path!r} is a file, not a directory; nothing was "
                               "written")
     try:
-        return tuple(sorted(p.name for p in root.iterdir()))
+        return tuple(sorted(p.name for p in root.iterdir() if not _TRANSIENT.match(p.name)))
     except (FileNotFoundError, NotADirectoryError):
         return ()
 
