@@ -29,6 +29,7 @@ from tests.testlib.cli_run import ROOT, env
 
 DOCS = ("README.md", "docs/quickstart.md", "docs/adding_a_corpus.md")
 WALKTHROUGH = "## Your own corpus, start to finish"  # docs/quickstart.md's section
+WALK_TEST = "tests/data/adding_a_corpus_test.py"  # runs that section's commands
 TINY_TRAIN = ("--gin.TRAIN_STEPS=100", "--gin.TRAIN_STEPS=2 --gin.BATCH_SIZE=4 --gin.SEQ_LEN=32")
 # The README's run also stands in for what `make demo` leaves (demo_output/model, whose
 # checkpoint 0 is the untrained model): it keeps its step 0 too.
@@ -128,18 +129,18 @@ PLAN = (
     # docs/quickstart.md
     Run("python -m xlm_jax.train --gin_file=my_run.gin --model_dir=/tmp/run",
         (("--gin.TRAIN_STEPS=1000", TINY_TRAIN[1]),), "done: 2 steps", slow=True),
-    Elsewhere("python -m xlm_jax.data.train_spm --input_dir mono", "tests/data/adding_a_corpus_test.py"),
-    Elsewhere("python -m xlm_jax.data.inspect --module my_tasks", "tests/data/adding_a_corpus_test.py"),
+    Elsewhere("python -m xlm_jax.data.train_spm --input_dir mono", WALK_TEST),
+    Elsewhere("python -m xlm_jax.data.inspect --module my_tasks", WALK_TEST),
     Elsewhere("python -m xlm_jax.train --gin_file=demo/mmlm_tlm.gin --model_dir=run ",
-              "tests/data/adding_a_corpus_test.py"),
+              WALK_TEST),
     Elsewhere("python -m xlm_jax.evaluation.retrieval --checkpoint run ",
-              "tests/data/adding_a_corpus_test.py"),
+              WALK_TEST),
     Elsewhere("python -m xlm_jax.data.prepare --module my_tasks",
-              "tests/data/adding_a_corpus_test.py"),
+              WALK_TEST),
     Elsewhere("python -m xlm_jax.train --gin_file=demo/mmlm_tlm.gin --model_dir=run_prepared",
-              "tests/data/adding_a_corpus_test.py"),
+              WALK_TEST),
     Elsewhere("python -m xlm_jax.convert export-hf --checkpoint run --out run_hf",
-              "tests/data/adding_a_corpus_test.py"),
+              WALK_TEST),
     Run("python -m xlm_jax.accelerator.bench --gin_file=runs/xlme_base.gin --gin.SIZE=\"'tiny'\"",
         (("--batch_size 8 --seq_len 64", "--batch_size 4 --seq_len 32"),), slow=True),
     Run("python -m xlm_jax.convert export-hf --checkpoint /tmp/run --out /tmp/run_hf",
@@ -248,7 +249,8 @@ def _inputs(root: str) -> None:
     bucc = os.path.join(root, "bucc2018")
     os.makedirs(bucc)
     for split, rows in (("dev", range(0, 6)), ("test", range(6, 12))):
-        files = {"de": [f"de-{i}\t{deu[i]}" for i in rows], "en": [f"en-{i}\t{eng[i]}" for i in rows],
+        files = {"de": [f"de-{i}\t{deu[i]}" for i in rows],
+                 "en": [f"en-{i}\t{eng[i]}" for i in rows],
                  "gold": [f"de-{i}\ten-{i}" for i in rows]}
         for side, lines in files.items():
             with open(os.path.join(bucc, f"de-en.{split}.{side}"), "w", encoding="utf-8") as f:

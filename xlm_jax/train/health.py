@@ -44,10 +44,10 @@ Thresholds and warm-up, all our choice (gin: `loop.train.health = @health.Health
   `accuracy_gain` (0.01, one point of accuracy). Each window's standard error is its steps'
   spread (sample standard deviation / sqrt(steps)): it needs no count of predictions, which
   the metrics do not carry for every accuracy (XLM-E's `count` is every token its
-  discriminator reads, not its generator's predictions). It fires whether the run started from scratch or from a pre-trained
-  encoder: either way the data taught the masked LM nothing the run could measure (a model
-  whose first steps already learnt the unigram answer, at a short warm-up, counts as
-  started there).
+  discriminator reads, not its generator's predictions). It fires whether the run started
+  from scratch or from a pre-trained encoder: either way the data taught the masked LM
+  nothing the run could measure (a model whose first steps already learnt the unigram
+  answer, at a short warm-up, counts as started there).
 Evaluators (`EvalWatch`, with `loop.train.eval_at_start`): a scalar an evaluator declares
 watched (`Evaluator.watched`: `retrieval/acc1`, `probe/avg`), with its standard error beside
 it (`..._se`), that falls below its step-0 value by more than `noise_sigmas` standard errors
