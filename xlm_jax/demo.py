@@ -207,10 +207,11 @@ def table_notes(results: dict, spread: Any) -> list[str]:
     chance = (f"{100 / sizes[0]:.1f}%" if len(sizes) == 1
               else f"{100 / sizes[-1]:.1f}-{100 / sizes[0]:.1f}%")
     delta, sd = after.average - control.average, spread.average
-    verdict = ("within 2 x its spread: this comparison does not tell the two apart"
+    verdict = ("within 2 x its spread: these sentences do not tell the two models apart"
                if abs(delta) <= 2 * sd else
-               f"beyond 2 x its spread: the paper's recipe {'helps' if delta > 0 else 'hurts'}"
-               " on these sentences")
+               f"beyond 2 x its spread: on these sentences the paper's model is "
+               f"{'better' if delta > 0 else 'worse'} than this control; whether the recipe is "
+               "takes seeds, which this spread does not hold (python -m xlm_jax.league)")
     layers = sorted({r.reported_layer for r in results.values()})
     notes = [
         f"+- = the standard deviation of delta over {spread.resamples} paired bootstrap "

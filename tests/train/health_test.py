@@ -456,3 +456,20 @@ def test_the_trainer_watches_its_evaluators_from_step_0(tmp_path, caplog):
     assert r.health.fired[0].step == 3 and r.health.fired[0].value == 7.5
     assert [m.getMessage() for m in caplog.records] == [r.health.fired[0].message]
     assert out.getvalue().splitlines()[-1].startswith("health: 1 of ")
+
+
+def test_a_continued_or_resumed_run_is_not_held_to_moving():
+    """From a pre-trained encoder, or resumed mid-way, a masked LM may sit on its plateau:
+    the "unmoved" checks are not made (the floor and the rise still are)."""
+    def conditions(monitor):
+        return sorted(w.check.condition for w in monitor._watches)
+    scratch = health.Monitor([WeightedObjective(MaskedLM(NET))], WATCH, 10)
+    continued = health.Monitor([WeightedObjective(MaskedLM(NET))], WATCH, 10,
+                               from_scratch=False)
+    assert conditions(scratch) == ["below_floor", "rising", "unmoved"]
+    assert conditions(continued) == ["below_floor", "rising"]
+    flat = {"mmlm/loss": 4.0, "mmlm/accuracy": 0.29}
+    _feed(continued, range(1, 40), flat)
+    assert continued.check(39, final=True) == []
+    _feed(scratch, range(1, 40), flat)
+    assert [f.metric for f in scratch.check(39, final=True)] == ["mmlm/accuracy"]

@@ -142,10 +142,11 @@ class CheckHealth(Action):
 
     def __init__(self, objs: Sequence[step_lib.WeightedObjective], cfg: health_lib.HealthConfig,
                  lr_warmup_steps: int, is_primary: bool = True,
-                 evaluators: Sequence[evaluators_lib.Evaluator] = ()):
+                 evaluators: Sequence[evaluators_lib.Evaluator] = (), from_scratch: bool = True):
         self.cfg, self.is_primary = cfg, is_primary
         self.warmup_steps = cfg.warmup(lr_warmup_steps)
-        self.monitor = health_lib.Monitor(objs, cfg, self.warmup_steps) if cfg.enabled else None
+        self.monitor = (health_lib.Monitor(objs, cfg, self.warmup_steps, from_scratch)
+                        if cfg.enabled else None)
         watched = [evaluators_lib.full_name(ev, n) for ev in evaluators
                    for n in getattr(ev, "watched", ())]
         self.evaluations = health_lib.EvalWatch(watched, cfg) if cfg.enabled else None

@@ -248,7 +248,7 @@ def train(model_dir: str,
                                            streams, built, resume.prefill)
         # the objectives' health checks, and the evaluators' watched scalars against step 0's
         checks = actions_lib.CheckHealth(objs, health, optimizer.warmup_steps, is_primary,
-                                         evals)
+                                         evals, from_scratch=not init_from and resume.step == 0)
         evaluate = actions_lib.Evaluate(evals, writer, ranked if save_checkpoints else None,
                                         health=checks)
         run_actions = [
