@@ -91,7 +91,7 @@ def _refuse(path: str, what: str, advice: str) -> ModelDirRefused:
 
 
 def architecture_changes(before: ModelConfig, now: ModelConfig) -> list[str]:
-    """`field there -> here` for each `ARCHITECTURE_FIELDS` field whose value differs."""
+    """`FIELD OLD there, NEW here` for each `ARCHITECTURE_FIELDS` field whose value differs."""
     return [f"{f} {getattr(before, f)!r} there, {getattr(now, f)!r} here"
             for f in ARCHITECTURE_FIELDS if getattr(before, f) != getattr(now, f)]
 
