@@ -131,6 +131,19 @@ def _check_installed(scheme: str, where: str) -> None:
             f"{why}; pip install {package}", name=package) from None
 
 
+# The names of files this module keeps only for an instant: `check_writable`'s probe and a
+# file `write_bytes` is writing whole. A reader of a directory (`train.run_dir`) leaves them
+# out: another process of the same run may be writing them.
+_PROBE_PREFIX = ".write_probe."
+_TRANSIENT = re.compile(r"^\.(write_probe\..+|.+\.tmp-\d+)$")
+
+
+def is_transient(name: str) -> bool:
+    """Whether a file name is one of this module's instant files (the probe, a half-written
+    file)."""
+    return _TRANSIENT.match(name) is not None
+
+
 def check_writable(directory: PathLike, owner: str) -> epath.Path:
     """Creates `directory` and writes and removes a probe file in it, so that a typo, a
     read-only mount or a bucket without write access fails before training, not at the first
@@ -139,7 +152,7 @@ def check_writable(directory: PathLike, owner: str) -> epath.Path:
     path = resolve(directory)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write_probe.{os.getpid()}.{uuid.uuid4().hex}"
+        probe = path / f"{_PROBE_PREFIX}{os.getpid()}.{uuid.uuid4().hex}"
         probe.write_bytes(b"ok")
         probe.unlink()
     except Exception as e:  # noqa: BLE001 - each filesystem package raises its own types
@@ -316,11 +329,19 @@ def is_model_dir(path: PathLike) -> bool:
 # holds). Stricter than HF's `save_pretrained`, which writes into a non-empty directory
 # silently (our choice).
 
-def _entries(path: epath.Path) -> list[str]:
+def entries(path: PathLike) -> list[str]:
+    """The names in directory `path`, sorted, without this module's instant files
+    (`is_transient`); [] for a missing directory or a file."""
     try:
-        return sorted(p.name for p in path.iterdir())
+        return sorted(p.name for p in resolve(path).iterdir() if not is_transient(p.name))
     except (FileNotFoundError, NotADirectoryError):
         return []
+
+
+def shown(names: Sequence[str], most: int = 3) -> str:
+    """`a, b, c and N more`: the first `most` of `names`, for a one-line message."""
+    more = len(names) - most
+    return ", ".join(names[:most]) + (f" and {more} more" if more > 0 else "")
 
 
 def refuse_unless_empty(out: str, owner: str, replace: bool) -> None:
@@ -329,10 +350,9 @@ def refuse_unless_empty(out: str, owner: str, replace: bool) -> None:
     path = resolve(out)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{owner} {out!r} is a file, not a directory; nothing was written")
-    held = _entries(path)
+    held = entries(path)
     if held and not replace:
-        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
-        raise ValueError(f"{owner} {out!r} is not empty ({shown}); nothing was written: "
+        raise ValueError(f"{owner} {out!r} is not empty ({shown(held)}); nothing was written: "
                          "choose a new or empty directory, or pass --overwrite to replace it")
 
 

@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import importlib
 import os
-import sys
 from typing import Optional, Sequence
 
 import numpy as np
@@ -31,9 +29,11 @@ from xlm_jax.data.features import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ExampleKind, e
 __all__ = ["MemberFrequency", "format_example", "mixture_frequencies", "main"]
 
 
-def _import_registering_module(module: str) -> None:
+def _import_registering_module(module: str, prepared_dir: str | None = None) -> None:
+    from xlm_jax.data import prepared  # pylint: disable=g-import-not-at-top
+
     try:
-        importlib.import_module(module)
+        prepared.register_from(module, prepared_dir)
     except ImportError as e:
         raise SystemExit(f"inspect: cannot import --module {module!r} ({e}); run from the "
                          "repository root or pass the module that registers your tasks") from e
@@ -178,12 +178,8 @@ def _inspect(args: argparse.Namespace) -> int:
     from xlm_jax.data import prepared  # pylint: disable=g-import-not-at-top
 
     before = prepared.default_dir()
-    prepared.use(args.prepared)  # None: the raw files
     try:
-        loaded = args.module in sys.modules
-        _import_registering_module(args.module)
-        if loaded:  # registered earlier in this process, perhaps over other data: again
-            importlib.reload(sys.modules[args.module])
+        _import_registering_module(args.module, args.prepared)  # None: the raw files
         return _show(args)
     finally:
         prepared.use(before)

@@ -29,10 +29,8 @@ an example is two rows and both rows' tokens count.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
-import sys
 import tempfile
 import time
 from typing import Optional, Sequence
@@ -240,12 +238,8 @@ def main(argv: Optional[Sequence[str]] = None) -> PipelineBenchResult | EpochRea
     cli_help.quiet_tensorflow()
     from xlm_jax.data import prepared  # pylint: disable=g-import-not-at-top
 
-    prepared.use(args.prepared)  # None: the raw files, whatever this process used before
-    try:
-        loaded = args.module in sys.modules
-        module = importlib.import_module(args.module)
-        if loaded:  # registered earlier in this process, perhaps over other data: again
-            importlib.reload(module)
+    try:  # None: the raw files, whatever this process used before
+        prepared.register_from(args.module, args.prepared)
     except ImportError as e:
         raise SystemExit(f"pipeline_bench: cannot import --module {args.module!r} ({e}); run "
                          "from the repository root") from e

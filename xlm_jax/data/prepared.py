@@ -24,9 +24,12 @@ one epoch in file order (for inspection and tests); with `shuffle=True` it is en
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
+import sys
 import zlib
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
@@ -38,7 +41,7 @@ from xlm_jax.data.sources import CorpusStats
 if TYPE_CHECKING:  # pragma: no cover
     import seqio
 
-__all__ = ["use", "default_dir", "PreparedTask", "load_task", "record_numbers", "source"]
+__all__ = ["use", "default_dir", "register_from", "PreparedTask", "load_task", "record_numbers", "source"]
 
 _DEFAULT: list[Optional[str]] = [None]
 
@@ -51,6 +54,19 @@ def use(root: Optional[str]) -> None:
 
 def default_dir() -> Optional[str]:
     return _DEFAULT[0]
+
+
+def register_from(module: str, root: Optional[str]) -> ModuleType:
+    """Imports `module`, which registers tasks, with `root` as the prepared data they read
+    (`use`; None: the raw files); a module imported earlier in this process, perhaps over other
+    data, is imported again (registration is idempotent). An ImportError as importlib raises
+    it."""
+    use(root)
+    loaded = module in sys.modules
+    imported = importlib.import_module(module)
+    if loaded:
+        importlib.reload(imported)
+    return imported
 
 
 @dataclasses.dataclass(frozen=True)

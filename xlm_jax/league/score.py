@@ -284,12 +284,11 @@ def _last_error_line(path: str | None) -> str:
 
 
 def write_json_atomic(path: str, value: Any) -> None:
-    """JSON written to a temporary name and renamed: a kill leaves the old file or the new."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    """JSON written to a temporary name and renamed: a kill leaves the old file or the new
+    (`model_dir.write_json`, which writes every file that way)."""
+    from xlm_jax import model_dir as md
+
+    md.write_json(path, value)
 
 
 def read_json(path: str) -> Any | None:

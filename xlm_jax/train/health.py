@@ -62,6 +62,7 @@ import collections
 import dataclasses
 import logging
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 
 from xlm_jax.objectives.base import HealthCheck, WeightedObjective, loss_rising_check
@@ -193,11 +194,7 @@ def _spread_se(rows: Sequence[Mapping[str, float]], key: str) -> float:
     """The standard error of a window's mean of `key` from its steps' spread: the sample
     standard deviation over sqrt(steps) (0 for a window of one step)."""
     values = [r[key] for r in rows]
-    if len(values) < 2:
-        return 0.0
-    mean = sum(values) / len(values)
-    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return math.sqrt(variance / len(values))
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
 
 
 class Monitor:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import re
 from collections.abc import Sequence
 
 from xlm_jax import model_dir as md
@@ -49,10 +48,6 @@ ARCHITECTURE_FIELDS = (
 # Files and folders a trainer run writes (model_dir's layout); any one of the first three
 # makes a directory a run's.
 RUN_MARKERS = (md.CONFIG_NAME, md.RUN_INFO, md.CHECKPOINTS_DIR)
-# Files that are there only for an instant, written by the trainer's own processes: the
-# writability probe (`model_dir.check_writable`) and a file being written whole
-# (`model_dir.write_bytes`). Another process of the same run may see them while it inspects.
-_TRANSIENT = re.compile(r"^\.(write_probe\..+|.+\.tmp-\d+)$")
 _SHOWN = 3
 
 
@@ -71,19 +66,13 @@ class Found:
 
 
 def _names(path: str) -> tuple[str, ...]:
+    """The directory's names, less what the run's other processes write for an instant (the
+    writability probe, a file being written whole: `model_dir.entries`)."""
     root = md.resolve(path)
     if root.exists() and not root.is_dir():
         raise ModelDirRefused(f"model_dir {path!r} is a file, not a directory; nothing was "
                               "written")
-    try:
-        return tuple(sorted(p.name for p in root.iterdir() if not _TRANSIENT.match(p.name)))
-    except (FileNotFoundError, NotADirectoryError):
-        return ()
-
-
-def _listed(names: Sequence[str]) -> str:
-    more = len(names) - _SHOWN
-    return ", ".join(names[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
+    return tuple(md.entries(root))
 
 
 def _refuse(path: str, what: str, advice: str) -> ModelDirRefused:
@@ -110,7 +99,7 @@ def inspect(path: str, model: ModelConfig, allow_other_files: bool = False) -> F
     if not is_run:
         if allow_other_files:
             return Found(path, names, is_run=False)
-        raise _refuse(path, f"holds files that are not a training run's ({_listed(names)})",
+        raise _refuse(path, f"holds files that are not a training run's ({md.shown(names)})",
                       "choose a new or empty directory, or set "
                       "loop.train.allow_other_files=True to write the run among them")
     config = None
@@ -156,7 +145,7 @@ def check_tokenizer_and_languages(found: Found, spm_model: str | None,
         changed = [f"{a}->{b}" for a, b in zip(old_languages, languages) if a != b]
         detail = (f"{len(old_languages)} there, {len(languages)} here"
                   if len(old_languages) != len(languages)
-                  else f"ids changed: {_listed(changed)}")
+                  else f"ids changed: {md.shown(changed)}")
         raise _refuse(found.path, f"holds a run with another language table ({md.LANGUAGES_FILE}"
                       f": {detail})",
                       "choose another directory; the language ids of a run cannot change")
