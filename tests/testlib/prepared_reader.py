@@ -4,11 +4,13 @@ tests/data/prepared_processes_test.py:
   python tests/testlib/prepared_reader.py --corpus ROOT --prepared DIR --task T --out F.npz
       [--coordinator localhost:PORT --num_processes 2 --process_id I]
       [--steps 6] [--save_at 3 --state_dir D [--park_after_save]] [--restore_at 3]
+      [--input_shards V]
 
 Joins `jax.distributed` when asked, registers the corpus's tasks over the prepared directory
 the way the trainer does (`train.streams.import_modules`), and reads as the trainer reads:
-`train.streams.make_stream` (process index and count from jax), positions saved and restored
-at the trainer's paths (`train.data_state.prefix`). Writes to F.npz the documents its
+`train.streams.make_stream` (process index and count from jax; V input shards, by default one
+per process), positions saved and restored at the trainer's paths (`train.data_state.prefix`,
+one per input shard). Writes to F.npz the documents its
 process's source gives first (`docs`, `doc_lengths`) and every batch it read (`step_S_KEY`).
 After a save it writes F.npz.saved; `--park_after_save` then sleeps, for the test to SIGKILL every process at once
 (a process that killed itself would make jax's coordination service abort the others, maybe
@@ -35,6 +37,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--save_at", type=int, default=0)
     ap.add_argument("--restore_at", type=int, default=0)
+    ap.add_argument("--input_shards", type=int)
     ap.add_argument("--park_after_save", action="store_true")
     args = ap.parse_args()
 
@@ -58,16 +61,20 @@ def main() -> None:
     out["docs"], out["doc_lengths"] = np.concatenate(tokens), np.array([len(t) for t in tokens])
     out["process"] = np.array([p, n])
 
-    stream = streams.make_stream(args.task, GLOBAL_BATCH, SEQ_LEN, SEED, 0, 8002)
+    stream = streams.make_stream(args.task, GLOBAL_BATCH, SEQ_LEN, SEED, 0, 8002,
+                                 input_shards=args.input_shards)
+    shards = args.input_shards or n
+    out["shards"] = np.array(stream.shards)
     start = 0
     if args.restore_at:
-        stream.restore(data_state.prefix(args.state_dir, args.restore_at, "mlm", p, n))
+        stream.restore(lambda v: data_state.prefix(args.state_dir, args.restore_at, "mlm", v,
+                                                   shards))
         start = args.restore_at
     for step in range(start, args.steps):
         for key, value in next(stream).items():
             out[f"step_{step}_{key}"] = value
         if args.save_at == step + 1:
-            stream.save(data_state.prefix(args.state_dir, step + 1, "mlm", p, n))
+            stream.save(lambda v: data_state.prefix(args.state_dir, step + 1, "mlm", v, shards))
             with open(args.out + ".saved", "w"):  # the save has returned
                 pass
             while args.park_after_save:

@@ -9,10 +9,13 @@ import io
 import os
 import shutil
 
+import orbax.checkpoint as ocp
 import pytest
+from etils import epath
 
 from tests.testlib import prepared_corpus as pc
 from tests.testlib import process_state, tiny_run
+from xlm_jax import model_dir as md
 from xlm_jax.models.config import get_config
 from xlm_jax.objectives.mlm import MaskedLM
 from xlm_jax.train import data_state, loop, mixture, setup, streams
@@ -68,6 +71,57 @@ def test_a_prepared_run_resumes_bit_identical_from_its_saved_positions(corpus, t
     assert raw.losses != straight.losses[:3]
 
 
+def _state_bytes(model_dir, step) -> int:
+    folder = os.path.join(model_dir, data_state.STATE_DIR, str(step))
+    return sum(os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder))
+
+
+def _extra(model_dir, step) -> dict:
+    """The checkpoint's JSON record (`ResumeInfo`) at `step`."""
+    folder = os.path.join(os.path.dirname(md.trainer_state_dir(str(model_dir), step)),
+                          md.EXTRA_ITEM)
+    return ocp.JsonCheckpointHandler().restore(epath.Path(folder))
+
+
+def test_prepared_positions_are_small_and_do_not_grow_with_the_step(corpus, tmp_path):
+    _, out = corpus
+    _train(tmp_path / "run", 12, out)
+    # symbolic positions, no shuffle buffer: a few integers per dataset op of each Task (the
+    # buffered examples' state was 1.4 MB for pd_mono alone at 32 x 64)
+    sizes = [_state_bytes(tmp_path / "run", step) for step in (3, 12)]
+    assert all(size < 64_000 for size in sizes), sizes
+    assert abs(sizes[0] - sizes[1]) < 1_000, sizes
+
+
+def test_input_shards_are_recorded_and_files_of_the_old_naming_still_restore(corpus, tmp_path):
+    _, out = corpus
+    run = tmp_path / "run"
+    _train(run, 3, out, input_shards=2)
+    assert _extra(run, 3)["input_shards"] == 2
+    names = sorted(n for n in os.listdir(run / data_state.STATE_DIR / "3") if "index" in n)
+    assert names == [f"{o}.shard_00{v}-of-002.index" for o in ("mmlm", "tlm") for v in (0, 1)]
+    with pytest.raises(ValueError, match=r"^loop.train.input_shards=3: must be a multiple of "
+                                         r"the 1 processes and divide every objective's batch "
+                                         r"\(4 rows\)"):
+        _train(tmp_path / "three", 3, out, input_shards=3)
+    assert not os.listdir(tmp_path / "three")  # refused before anything was written
+
+    # a checkpoint from before input shards: one shard per process, files named by process
+    _train(tmp_path / "old", 3, out)
+    folder = tmp_path / "old" / data_state.STATE_DIR / "3"
+    for name in os.listdir(folder):
+        os.rename(folder / name, folder / name.replace(".shard_", ".process_"))
+    extra = _extra(tmp_path / "old", 3)
+    old = ResumeInfo(step=3, process_count=1, data_state=extra["data_state"])  # no input_shards
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        setup.make_streams({"mmlm": "pd_mono", "tlm": "pd_pairs"},
+                           {"mmlm": mixture.Shape(4, 32), "tlm": mixture.Shape(4, 32)}, 0, old,
+                           "checkpoint", get_config("tiny", vocab_size=8002),
+                           str(tmp_path / "old"), old.saved_shards)
+    assert "restored the input position of mmlm, tlm" in log.getvalue(), log.getvalue()
+
+
 def test_positions_saved_by_another_process_count_reseed_prepared_streams(corpus, tmp_path):
     _, out = corpus
     streams.import_modules([pc.MODULE], out, ["pd_mono"])
@@ -80,7 +134,7 @@ def test_positions_saved_by_another_process_count_reseed_prepared_streams(corpus
                                         ResumeInfo(step=5000, process_count=2, data_state=saved),
                                         "checkpoint", model, str(tmp_path))
     assert ("the prepared data of mmlm continues in a new order drawn from (seed, step 5000): "
-            "its positions were saved by 2 processes") in log.getvalue()
+            "its positions were saved for 2 input shards") in log.getvalue()
     assert "replaying" not in log.getvalue()
     seed, position = streams.resume_plan(0, 5000, "reseed")
     assert built["mmlm"].seed == seed and position == 0

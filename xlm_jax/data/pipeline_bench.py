@@ -22,7 +22,8 @@ costs the input pipeline: restoring the saved iterator position (build, `restore
 batches, less the time the uninterrupted iterator takes for those 8: the first batch after a
 restore may come from the saved buffers before the source is read at all), and, unless
 `--no_replay`, replaying (build at `start_step`, first batch), after checking both give the
-batches an uninterrupted iterator gives there. For VECO / mixup tasks
+batches an uninterrupted iterator gives there, and the size of the saved position (the files a
+checkpoint holds for this process). For VECO / mixup tasks
 an example is two rows and both rows' tokens count.
 """
 
@@ -160,6 +161,7 @@ class ResumeCost:
     first_batch_seconds: float  # build + restore + the first batch
     settle: int
     replay_seconds: Optional[float]  # build with start_step=step + first batch (None: skipped)
+    state_bytes: int = 0  # the saved position's files (what a checkpoint holds per process)
 
 
 def _timed(it, n: int) -> tuple[list[dict[str, np.ndarray]], float]:
@@ -181,6 +183,9 @@ def resume_cost(task: str, batch_size: int, sequence_length: int, step: int, sta
     start = time.perf_counter()
     path = straight.save(os.path.join(state_dir, f"{task}-{step}"))
     save_s = time.perf_counter() - start
+    state_bytes = sum(os.path.getsize(os.path.join(state_dir, name))
+                      for name in os.listdir(state_dir)
+                      if name.startswith(os.path.basename(path) + "."))
     expected, straight_s = _timed(straight, settle)
     straight.close()
 
@@ -205,7 +210,7 @@ def resume_cost(task: str, batch_size: int, sequence_length: int, step: int, sta
     for batch, want in zip(got, expected + expected[:1]):
         if any(not np.array_equal(batch[k], want[k]) for k in want):
             raise AssertionError(f"{task}: a resumed stream at step {step} differs")
-    return ResumeCost(step, save_s, restore_s, first_s, settle, replay_s)
+    return ResumeCost(step, save_s, restore_s, first_s, settle, replay_s, state_bytes)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> PipelineBenchResult | EpochRead | list[ResumeCost]:
@@ -273,7 +278,7 @@ def main(argv: Optional[Sequence[str]] = None) -> PipelineBenchResult | EpochRea
                       f"step {step}: restore {cost.restore_seconds:.2f} s (first batch after "
                       f"{cost.first_batch_seconds:.2f} s; {cost.settle} batches against "
                       f"reading them straight on){replay} (saving the position took "
-                      f"{cost.save_seconds:.2f} s)", flush=True)
+                      f"{cost.save_seconds:.2f} s, {cost.state_bytes / 1e3:.1f} KB)", flush=True)
         result["resume"] = [dataclasses.asdict(c) for c in out]
     else:
         out = run(args.pipeline, args.batch_size, args.sequence_length, args.batches,

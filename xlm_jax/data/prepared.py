@@ -18,7 +18,9 @@ g = p, p + P, p + 2P, ...: the processes' reads are disjoint, together they are 
 one-process order, and each reads about 1/P of the bytes. Reads come in blocks of `block`
 records by block number (`Dataset.counter().map(read)`), as the raw sources do
 (`block_reader`), so the position tf.data checkpoints is a counter, and a restored block is
-two positioned reads per record away, whatever the step. With `shuffle=False` the source is
+two positioned reads per record away, whatever the step. The Tasks read no shuffle buffer
+after the source (`performs_internal_shuffling`), and `data.pipeline` saves a prepared
+pipeline's position symbolically: a few integers per dataset op. With `shuffle=False` the source is
 one epoch in file order (for inspection and tests); with `shuffle=True` it is endless.
 """
 from __future__ import annotations
@@ -199,6 +201,12 @@ def _source_class() -> type:
         def supports_arbitrary_sharding(self) -> bool:
             return True
 
+        @property
+        def performs_internal_shuffling(self) -> bool:
+            """True: the whole corpus is permuted (module docstring), so the Task reads no
+            shuffle buffer (registered with `shuffle_buffer_size=None`)."""
+            return True
+
         def list_shards(self, split: str) -> Sequence[str]:
             return [os.path.join(self._prepared.directory, self._member)]
 
@@ -239,7 +247,7 @@ def _source_class() -> type:
             def read(block):
                 values = tf.numpy_function(
                     lambda b: self._block_arrays(b, index, count, bool(shuffle), seed),
-                    [block], dtypes, stateful=True)
+                    [block], dtypes, stateful=False)
                 for v in values:
                     v.set_shape([None])
                 out = {k: tf.RaggedTensor.from_row_lengths(values[2 * i], values[2 * i + 1],

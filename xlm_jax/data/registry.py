@@ -298,11 +298,22 @@ def register_monolingual(
         _add(seqio.TaskRegistry, name, definition, lambda n=name, s=source, d=definition,
              pp=preprocessors, c=corpora: seqio.TaskRegistry.add(
                  n, source=s, output_features=features, preprocessors=pp, task_cls=XlmTask,
-                 shuffle_buffer_size=shuffle_buffer_size, xlm_jax_kind=kind,
+                 shuffle_buffer_size=_buffer(s, shuffle_buffer_size), xlm_jax_kind=kind,
                  xlm_jax_definition=d, xlm_jax_languages=language_list, xlm_jax_corpora=c))
         tasks[lang], task_defs[lang] = name, definition
     _register_mixture(name_prefix, kind, tasks, rates, task_defs)
     return Registration(name_prefix, kind, tasks, rates, stats)
+
+
+def _buffer(source: Any, shuffle_buffer_size: int) -> Optional[int]:
+    """A Task's shuffle buffer: none over a source that permutes the whole corpus itself (a
+    prepared corpus, `prepared.PreparedSource`), whose position then saves as a few integers
+    (no buffered examples, `data.pipeline`); `shuffle_buffer_size` over anything else.
+
+    Our choice, as grain reads a globally shuffled source without a buffer: the examples one
+    prepared document makes (its segments) come out one after another, not spread over a
+    buffer of other documents' examples."""
+    return None if getattr(source, "performs_internal_shuffling", False) else shuffle_buffer_size
 
 
 def _optional_file(find: Callable[[], Any]) -> Any:
@@ -492,8 +503,8 @@ def register_parallel(
             preprocessors.insert(0, prep.bind(prep.tokenize, keys=tok))
         _add(seqio.TaskRegistry, name, definition, lambda: seqio.TaskRegistry.add(
             name, source=source, output_features=features, preprocessors=preprocessors,
-            task_cls=XlmTask, shuffle_buffer_size=shuffle_buffer_size, xlm_jax_kind=kind,
-            xlm_jax_definition=definition, xlm_jax_languages=language_list,
+            task_cls=XlmTask, shuffle_buffer_size=_buffer(source, shuffle_buffer_size),
+            xlm_jax_kind=kind, xlm_jax_definition=definition, xlm_jax_languages=language_list,
             xlm_jax_corpora=() if root else corpora))
 
     if record.mixes_corpora:

@@ -244,10 +244,12 @@ class SaveCheckpoint(Action):
     def __init__(self, ckpt: ckpt_lib.Checkpointer, enabled: bool, model_dir: str,
                  data_resume: str, streams: Mapping[str, Any],
                  built: Mapping[str, data_state.SavedStream],
-                 prefill: Mapping[str, int] | None = None):
+                 prefill: Mapping[str, int] | None = None, input_shards: int | None = None):
         self.ckpt, self.enabled, self.model_dir = ckpt, enabled, model_dir
         self.data_resume, self.streams, self.built = data_resume, streams, built
         self.prefill = dict(prefill or {})  # the batches the fill before step 1 took
+        # the input shards the seqio streams read (`train.streams`; None: one per process)
+        self.input_shards = input_shards or jax.process_count()
         self._unsaveable: set[str] = set()
 
     def will_save(self, step: int, final: bool) -> bool:
@@ -260,16 +262,17 @@ class SaveCheckpoint(Action):
         """Step 0, the untrained model (a baseline for evaluations)."""
         if self.enabled:
             self.ckpt.save(0, flax.serialization.to_state_dict(state),
-                           extra=ResumeInfo(0, jax.process_count(),
-                                            prefill=self.prefill).to_json(), force=True)
+                           extra=ResumeInfo(0, jax.process_count(), prefill=self.prefill,
+                                            input_shards=self.input_shards).to_json(),
+                           force=True)
 
     def __call__(self, end: StepEnd, state: Any) -> None:
         if not end.saving:
             return
         positions = {} if self.data_resume != "checkpoint" else data_state.save(
-            self.streams, self.built, self.model_dir, end.step, jax.process_index(),
-            jax.process_count(), self._unsaveable, sys.stdout)
-        resume = ResumeInfo(end.step, jax.process_count(), positions, self.prefill)
+            self.streams, self.built, self.model_dir, end.step, self._unsaveable, sys.stdout)
+        resume = ResumeInfo(end.step, jax.process_count(), positions, self.prefill,
+                            self.input_shards)
         ranked = end.scores if end.scores and self.ckpt.cfg.best_metric in end.scores else None
         self.ckpt.save(end.step, flax.serialization.to_state_dict(state),
                        extra=resume.to_json(), force=end.final, metrics=ranked)

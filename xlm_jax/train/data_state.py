@@ -1,18 +1,22 @@
 """The input streams' positions, saved beside each checkpoint and restored on resume.
 
-With `loop.train(data_resume="checkpoint")` (the default), every save writes each seqio
-stream's tf.data iterator state, per process, to
-`MODEL_DIR/data_state/STEP/OBJECTIVE.process_PPP-of-NNN` (TensorFlow checkpoint files), and
-records in the checkpoint's `ResumeInfo` what is needed to use it again: the seed the stream
-was built with, its task and batch shape. A resume rebuilds the stream with that seed and
-restores the position, in a time that does not depend on the step (t5x saves its datasets
-the same way). Synthetic streams are a function of the step and need no state.
+With `loop.train(data_resume="checkpoint")` (the default), every save writes the tf.data
+iterator state of each input shard of each seqio stream (`data.pipeline.ShardedBatches`; a
+process saves the shards it reads) to `MODEL_DIR/data_state/STEP/OBJECTIVE.shard_VVV-of-NNN`
+(TensorFlow checkpoint files), and records in the checkpoint's `ResumeInfo` the shard count
+and what is needed to use the positions again: the seed the stream was built with, its task
+and batch shape. A resume rebuilds the stream with that seed and restores the position, in
+a time that does not depend on the step (t5x saves its datasets the same way), on any
+process count that divides the shard count. Prepared data saves its position symbolically (a
+few integers per dataset op, no buffered examples; `data.pipeline`). Synthetic streams are a
+function of the step and need no state.
 
 A stream falls back to replaying its batches (`data.resume_plan(..., "replay")`, exact but
 as slow as the pipeline) when the checkpoint has no state for it: a checkpoint from a
 `replay`/`reseed` run or from before this file existed, a source tf.data cannot save (a
-`from_generator` source registered by a user; a note says so at the first save), or a
-different process count (each process saved its own shard's position).
+`from_generator` source registered by a user; a note says so at the first save), or another
+input shard count. Checkpoints from before input shards name their files
+`OBJECTIVE.process_PPP-of-NNN`: one shard per process, read as such.
 
 A state saved for another task or batch shape is refused with a ValueError naming the
 objective, before anything is trained or written. TensorFlow is not imported here: the
@@ -21,7 +25,7 @@ streams save themselves (`xlm_jax.data.pipeline.BatchIterator`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
 from etils import epath
@@ -32,11 +36,14 @@ from xlm_jax.train.resume import ResumeInfo
 STATE_DIR = md.DATA_STATE_DIR
 
 
-def prefix(model_dir: str, step: int, name: str, process_index: int,
-           process_count: int) -> str:
-    """Where process `process_index` saves objective `name`'s stream at `step`."""
+def prefix(model_dir: str, step: int, name: str, shard: int, shards: int,
+           by_process: bool = False) -> str:
+    """Where input shard `shard` of `shards` of objective `name`'s stream is saved at `step`
+    (`by_process`: the name a checkpoint from before input shards used, when each process
+    read one shard: `NAME.process_PPP-of-NNN`)."""
+    kind = "process" if by_process else "shard"
     return str(md.resolve(model_dir) / STATE_DIR / str(step)
-               / f"{name}.process_{process_index:03d}-of-{process_count:03d}")
+               / f"{name}.{kind}_{shard:03d}-of-{shards:03d}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +60,9 @@ class SavedStream:
 
 
 def save(streams: Mapping[str, Any], built: Mapping[str, SavedStream], model_dir: str,
-         step: int, process_index: int, process_count: int, unsaveable: set[str],
-         out: TextIO) -> dict[str, dict[str, Any]]:
-    """Saves every stream that can save itself; returns the checkpoint's `data_state` entry.
+         step: int, unsaveable: set[str], out: TextIO) -> dict[str, dict[str, Any]]:
+    """Saves every stream that can save itself (each of this process's input shards,
+    `data.pipeline.ShardedBatches`); returns the checkpoint's `data_state` entry.
 
     `unsaveable` collects the streams found unsaveable (asked once, noted once)."""
     from xlm_jax.data.pipeline import IteratorNotSaveable  # TF-free module at import
@@ -65,7 +72,7 @@ def save(streams: Mapping[str, Any], built: Mapping[str, SavedStream], model_dir
         if not hasattr(stream, "save") or name in unsaveable:
             continue
         try:
-            stream.save(prefix(model_dir, step, name, process_index, process_count))
+            stream.save(lambda v, s=stream, n=name: prefix(model_dir, step, n, v, s.count))
         except IteratorNotSaveable as e:
             unsaveable.add(name)
             print(f"note: the input position of objective '{name}' cannot be saved ({e}); "
@@ -88,14 +95,16 @@ def prune(model_dir: str, keep: Iterable[int]) -> None:
 
 
 def saved_stream(resume: ResumeInfo, name: str, current: SavedStream, model_dir: str,
-                 process_index: int, process_count: int) -> str | None:
-    """The prefix to restore objective `name`'s stream from, or None (replay instead).
+                 shards: Sequence[int], input_shards: int) -> Callable[[int], str] | None:
+    """Where each of `shards` (this process's input shards of `input_shards`) of objective
+    `name`'s stream is restored from, as a function of the shard, or None (no saved position
+    for them: replay or reseed instead).
 
     Raises ValueError when the checkpoint saved this objective's position for another task
     or batch shape: that position means nothing to the run's pipeline."""
     step = resume.step
     entry = resume.data_state.get(name)
-    if entry is None or not resume.saved_positions_usable(process_count):
+    if entry is None or not resume.positions_usable(input_shards):
         return None
     saved = SavedStream(**entry)
     for field in ("task", "batch_size", "seq_len"):
@@ -105,7 +114,11 @@ def saved_stream(resume: ResumeInfo, name: str, current: SavedStream, model_dir:
                 f"input position of {field}={getattr(saved, field)!r}, but this run has "
                 f"{field}={getattr(current, field)!r}; resume with the run's own settings, or "
                 f"set loop.train.data_resume = 'reseed' to start the new data afresh")
-    path = prefix(model_dir, step, name, process_index, process_count)
-    if not epath.Path(path + ".index").exists():
+    by_process = resume.input_shards is None
+
+    def prefix_of(shard: int) -> str:
+        return prefix(model_dir, step, name, shard, input_shards, by_process)
+
+    if not all(epath.Path(prefix_of(v) + ".index").exists() for v in shards):
         return None
-    return path
+    return prefix_of

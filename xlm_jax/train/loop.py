@@ -106,6 +106,7 @@ def train(model_dir: str,
           data_resume: str = "checkpoint",
           task_modules: Sequence[str] = (),
           prepared_data: str | None = None,
+          input_shards: int | None = None,
           init_from: str | None = None,
           spm_model: str | None = None,
           save_checkpoints: bool = True,
@@ -130,6 +131,11 @@ def train(model_dir: str,
     register their tasks over it (same names) instead of their raw files: each process reads
     only its share, in a global shuffle, and a restore is constant-time
     (`xlm_jax.data.prepared`).
+    `input_shards`: the seqio streams are read as this many input shards (`train.streams`);
+    the global sequence of batches depends on it, not on the process count, so a run whose
+    count is a multiple of every process count it will use resumes exactly after a change of
+    hosts. None: the checkpoint's count when resuming (if this run's processes can read it),
+    else one shard per process.
     `loss_normalization`: "per_objective" (each objective's loss is a mean over its own units)
     or "pooled" (unilm InfoXLM: loss sums over all units); see `step.make_train_step`.
     `save_initial` saves the initial state as checkpoint 0 (the untrained or `init_from`
@@ -185,6 +191,7 @@ def train(model_dir: str,
     shapes = mixture.resolve(objectives, batch_size, seq_len)
     device_mesh = partitioning.make_mesh(mesh, jax.devices()[:num_devices] if num_devices else None)
     setup.check_batches(shapes, batch_size, accum_steps, device_mesh)
+    setup.check_input_shards(input_shards, [shape.batch_size for shape in shapes.values()])
     # the seqio tasks/mixtures the run reads (none when every stream is synthetic)
     seqio_tasks = [] if force_synthetic else [
         spec.task for spec in objectives.values() if streams_lib.is_seqio(spec.task)]
@@ -219,11 +226,14 @@ def train(model_dir: str,
     with partitioning.activate(device_mesh, rules), watch, \
             host_gc.FrozenHeap(gc_freeze) as heap:
         state, resume = setup.initial_state(ckpt, parts, objs, model, seed, init_from,
-                                            model_dir, seqio_tasks)
+                                            model_dir)
+        shards = setup.input_shard_count(input_shards, resume,
+                                         [shape.batch_size for shape in shapes.values()],
+                                         seqio_tasks)
         tasks = {name: (f"{streams_lib.SYNTHETIC}{o.objective.kind}" if force_synthetic else spec.task)
                  for o, (name, spec) in zip(objs, objectives.items())}
         streams, built = setup.make_streams(tasks, shapes, seed, resume, data_resume, model,
-                                            model_dir)
+                                            model_dir, shards)
         if is_primary:  # every check has passed (the restore's and the input's too)
             setup.write_model_files(model_dir, model, spm_model, languages)
         if not mixture.is_default(shapes, batch_size, seq_len):
@@ -245,7 +255,7 @@ def train(model_dir: str,
                                          is_primary=is_primary),
             log_every, flops_per_token)
         saver = actions_lib.SaveCheckpoint(ckpt, save_checkpoints, model_dir, data_resume,
-                                           streams, built, resume.prefill)
+                                           streams, built, resume.prefill, shards)
         # the objectives' health checks, and the evaluators' watched scalars against step 0's
         checks = actions_lib.CheckHealth(objs, health, optimizer.warmup_steps, is_primary,
                                          evals, from_scratch=not init_from and resume.step == 0)

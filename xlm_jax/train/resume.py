@@ -3,8 +3,12 @@ where it stopped — the checkpoint's JSON `extra` item, typed.
 
 One record, written by the checkpoint action at every save and read once, at the restore:
   step           the steps done (the restored run's first step index)
-  process_count  how many processes saved it (each saved its own shard's input position, so
-                 the positions are used only by a run with the same count)
+  process_count  how many processes saved it
+  input_shards   how many input shards the seqio streams were read as (`train.streams`):
+                 each shard's position is saved on its own, so the positions serve any run
+                 reading the same number of shards, on any process count dividing it; absent
+                 in a record from before input shards existed, whose processes each read one
+                 shard (V = process_count; their files are named by process)
   data_state     per objective whose seqio stream saved its position: what the stream was
                  built from (`data_state.SavedStream` as JSON); empty with data_resume
                  'replay'/'reseed', or when no stream could save itself
@@ -29,12 +33,15 @@ class ResumeInfo:
     process_count: int = 1
     data_state: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     prefill: Mapping[str, int] | None = None
+    input_shards: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {"step": self.step, "process_count": self.process_count,
                "data_state": {k: dict(v) for k, v in self.data_state.items()}}
         if self.prefill is not None:
             out["prefill"] = {k: int(v) for k, v in self.prefill.items()}
+        if self.input_shards is not None:
+            out["input_shards"] = int(self.input_shards)
         return out
 
     @classmethod
@@ -47,11 +54,19 @@ class ResumeInfo:
                    process_count=int(extra.get("process_count", current_process_count)),
                    data_state=dict(extra.get("data_state") or {}),
                    prefill=(None if extra.get("prefill") is None
-                            else {k: int(v) for k, v in extra["prefill"].items()}))
+                            else {k: int(v) for k, v in extra["prefill"].items()}),
+                   input_shards=(None if extra.get("input_shards") is None
+                                 else int(extra["input_shards"])))
 
-    def saved_positions_usable(self, process_count: int) -> bool:
-        """Whether the saved input positions belong to a run of `process_count` processes."""
-        return self.process_count == process_count
+    @property
+    def saved_shards(self) -> int:
+        """The input shards the saved positions are of (a record from before input shards
+        existed: one per process)."""
+        return self.input_shards or self.process_count
+
+    def positions_usable(self, input_shards: int) -> bool:
+        """Whether the saved input positions serve a run reading `input_shards` shards."""
+        return self.saved_shards == input_shards
 
     def prefilled(self, name: str) -> int:
         """The batches of objective `name`'s stream that the fill before step 1 took (0 when

@@ -222,7 +222,7 @@ def restored_state(ckpt: ckpt_lib.Checkpointer, step: int, abstract: Any, shardi
 
 def initial_state(ckpt: ckpt_lib.Checkpointer, parts: "StateParts",
                   objs: Sequence[step_lib.WeightedObjective], model: ModelConfig, seed: int,
-                  init_from: str | None, model_dir: str, seqio_tasks: Sequence[str]
+                  init_from: str | None, model_dir: str
                   ) -> tuple[step_lib.TrainState, ResumeInfo]:
     """The run's first state and where it starts: the latest checkpoint's state, restored
     into the current shardings, or a fresh one (its encoder from `init_from` when given) at
@@ -233,11 +233,47 @@ def initial_state(ckpt: ckpt_lib.Checkpointer, parts: "StateParts",
         return state, ResumeInfo(step=0, process_count=jax.process_count())
     state, resume = restored_state(ckpt, latest, parts.abstract, parts.shardings)
     print(f"resumed from {model_dir} step {resume.step}", flush=True)
-    if not resume.saved_positions_usable(jax.process_count()) and seqio_tasks:
-        print(f"note: saved with {resume.process_count} processes, resumed with "
-              f"{jax.process_count()}: each process now reads another shard of the "
-              "data, so the data order differs from the uninterrupted run", flush=True)
     return state, resume
+
+
+def check_input_shards(requested: int | None, batch_sizes: Sequence[int]) -> int | None:
+    """`requested` (loop.train.input_shards), or a one-line ValueError when this run's
+    processes cannot read that many input shards: it must be a multiple of the process count
+    and divide every objective's batch. Called before anything is built."""
+    if requested is None:
+        return None
+    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
+        raise ValueError(f"loop.train.input_shards={requested!r}: expected an int >= 1")
+    processes = jax.process_count()
+    if requested % processes or any(b % requested for b in batch_sizes):
+        raise ValueError(
+            f"loop.train.input_shards={requested}: must be a multiple of the {processes} "
+            f"processes and divide every objective's batch "
+            f"({', '.join(map(str, sorted(set(batch_sizes))))} rows)")
+    return requested
+
+
+def input_shard_count(requested: int | None, resume: ResumeInfo,
+                      batch_sizes: Sequence[int], seqio_tasks: Sequence[str]) -> int:
+    """How many input shards the run's seqio streams are read as (`train.streams`):
+    `requested` (loop.train.input_shards) when given; else, resuming, the checkpoint's count
+    when this run's processes can read it (the count is a multiple of the process count and
+    divides every objective's batch), so that the run continues the same global sequence;
+    else one per process. Raises a one-line ValueError for a `requested` count that cannot
+    be read; prints a note when the data order changes at a resume."""
+    processes = jax.process_count()
+    if requested is not None:
+        shards = check_input_shards(requested, batch_sizes)
+    else:
+        saved = resume.saved_shards if resume.step else processes
+        readable = saved % processes == 0 and all(b % saved == 0 for b in batch_sizes)
+        shards = saved if readable else processes
+    if resume.step and seqio_tasks and shards != resume.saved_shards:
+        print(f"note: the input was read as {resume.saved_shards} shards and now as {shards} "
+              f"({processes} processes): the data order differs from the uninterrupted run "
+              "(set loop.train.input_shards to a multiple of every process count the run "
+              "will use, from its start, to resume exactly)", flush=True)
+    return shards
 
 
 def check_batches(shapes: Mapping[str, mixture.Shape], batch_size: int, accum_steps: int,
@@ -349,7 +385,8 @@ def jit_train_step(objs: Sequence[step_lib.WeightedObjective], parts: StateParts
 
 
 def make_streams(tasks: Mapping[str, streams_lib.Task], shapes: Mapping[str, mixture.Shape],
-                 seed: int, resume: ResumeInfo, data_resume: str, model: ModelConfig, model_dir: str
+                 seed: int, resume: ResumeInfo, data_resume: str, model: ModelConfig, model_dir: str,
+                 input_shards: int | None = None
                  ) -> tuple[dict[str, Any], dict[str, data_state.SavedStream]]:
     """Each objective's input stream at its position after step `resume.step`, and how each
     was built (recorded with the positions a save writes; see `train.data_state`).
@@ -358,25 +395,29 @@ def make_streams(tasks: Mapping[str, streams_lib.Task], shapes: Mapping[str, mix
     back there; any other continues by `data.resume_plan` from the number of steps before
     the start that its objective ran at (`mixture.Shape.runs_before`) plus the batches the
     fill before step 1 took from it (`ResumeInfo.prefill`, `train.prefill`), except a prepared
-    stream whose position another process count saved: it is reseeded (`resume_plan`'s
-    "reseed"), constant-time and deterministic, where replaying would cost the pipeline
-    time of every step before. A task is a name (seqio, synthetic:KIND) or a stream object
-    (`data.MemoryStream`), used as it is."""
+    stream whose positions were saved for another input shard count: it is reseeded
+    (`resume_plan`'s "reseed"), constant-time and deterministic, where replaying would cost
+    the pipeline time of every step before. Seqio streams are read as `input_shards` input
+    shards (`input_shard_count`; None: one per process). A task is a name (seqio,
+    synthetic:KIND) or a stream object (`data.MemoryStream`), used as it is."""
     start = resume.step
+    shards = input_shards or jax.process_count()
+    per = shards // jax.process_count()
+    mine = range(jax.process_index() * per, (jax.process_index() + 1) * per)
     streams, built, replayed, reseeded, restored = {}, {}, [], [], []
     for i, (name, task) in enumerate(tasks.items()):
         shape = shapes[name]
         here = data_state.SavedStream(seed + 1000 * i, streams_lib.task_label(task),
                                       shape.batch_size, shape.seq_len)
         path = data_state.saved_stream(
-            resume, name, here, model_dir, jax.process_index(), jax.process_count()
+            resume, name, here, model_dir, mine, shards
         ) if start and data_resume == "checkpoint" else None
         if path is not None:
             stream_seed, position = resume.data_state[name]["seed"], 0
         else:
             mode = data_resume
             if (start and mode == "checkpoint" and name in resume.data_state
-                    and not resume.saved_positions_usable(jax.process_count())
+                    and not resume.positions_usable(shards)
                     and streams_lib.is_prepared(task)):
                 # saved by another process count: a prepared stream starts a fresh permutation
                 # at once (docs/scaling.md) instead of replaying every batch before the step
@@ -389,7 +430,8 @@ def make_streams(tasks: Mapping[str, streams_lib.Task], shapes: Mapping[str, mix
                 replayed.append(name)
         streams[name] = streams_lib.make_stream(
             task, shape.batch_size, shape.seq_len, stream_seed, position, model.vocab_size,
-            num_languages=streams_lib.synthetic_language_count(model.num_languages))
+            num_languages=streams_lib.synthetic_language_count(model.num_languages),
+            input_shards=shards)
         if path is not None:
             streams[name].restore(path)
             restored.append(name)
@@ -403,8 +445,8 @@ def make_streams(tasks: Mapping[str, streams_lib.Task], shapes: Mapping[str, mix
                   f"step {start}) (loop.train.data_resume = 'reseed')", flush=True)
         if reseeded:
             print(f"the prepared data of {', '.join(reseeded)} continues in a new order drawn "
-                  f"from (seed, step {start}): its positions were saved by "
-                  f"{resume.process_count} processes", flush=True)
+                  f"from (seed, step {start}): its positions were saved for "
+                  f"{resume.saved_shards} input shards", flush=True)
         if replayed:
             print(f"replaying the input batches of {', '.join(replayed)} for the exact data "
                   "order (no saved position for them; loop.train.data_resume = 'reseed' "

@@ -16,8 +16,11 @@ An objective's task (`ObjectiveSpec.task`) is one of:
   process takes its rows, so a resume rebuilds it at its step at once; its `kind` is checked
   against the objective's like a task's. Passed as an object, not by a registered name: it
   lives as long as the spec that holds it (our choice, instead of a module-global table).
-- any other string is a registered seqio task or mixture; process p of P reads shard p of P
-  with global_batch / P rows (seqio/TensorFlow imported lazily).
+- any other string is a registered seqio task or mixture, read as V input shards of
+  global_batch / V rows each (`data.pipeline.make_sharded_iterator`; V = `input_shards`,
+  by default the process count): process p of P reads shards p*V/P .. (p+1)*V/P - 1, so the
+  global sequence depends on V only and a run resumes exactly on any process count that
+  divides V (seqio/TensorFlow imported lazily).
 """
 from __future__ import annotations
 
@@ -287,8 +290,10 @@ def synthetic_language_count(model_num_languages: int) -> int:
 
 def make_stream(task: Task, global_batch: int, seq_len: int, seed: int, start_step: int,
                 vocab_size: int, process_index: int | None = None,
-                process_count: int | None = None, num_languages: int = 2) -> Batches:
-    """This process's rows of every global batch from step `start_step` on."""
+                process_count: int | None = None, num_languages: int = 2,
+                input_shards: int | None = None) -> Batches:
+    """This process's rows of every global batch from step `start_step` on; a seqio task is
+    read as `input_shards` input shards (None: one per process; see the module docstring)."""
     p = jax.process_index() if process_index is None else process_index
     n = jax.process_count() if process_count is None else process_count
     if global_batch % n:
@@ -296,8 +301,8 @@ def make_stream(task: Task, global_batch: int, seq_len: int, seed: int, start_st
                          f"{n} processes")
     local = global_batch // n
     if is_seqio(task):
-        return _data_module("pipeline").make_batch_iterator(
-            task, local, seq_len, seed, shard_index=p, num_shards=n, start_step=start_step)
+        return _data_module("pipeline").make_sharded_iterator(
+            task, global_batch, seq_len, seed, p, n, input_shards or n, start_step=start_step)
     if isinstance(task, str):
         from xlm_jax.data.synthetic import synthetic_batches
 
