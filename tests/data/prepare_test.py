@@ -153,6 +153,29 @@ def test_prepare_again_skips_what_is_prepared_and_refuses_another_preparation(co
     assert pc.tree(out) == before
 
 
+def test_a_plan_names_a_corpus_file_edited_at_the_same_size(tmp_path):
+    big = tmp_path / "en.txt"  # larger than the sampled bytes: 16 blocks of 64 KiB are read
+    text = b"".join(b"document %07d of the corpus\n" % i for i in range(80_000))
+    big.write_bytes(text)
+    assert len(text) > pf.SAMPLE_BLOCKS * pf.SAMPLE_BLOCK
+
+    def plan():
+        return pf.Plan("t", "documents", "v", {"en": {"sources": pf.source_entries([str(big)]),
+                                                      "swapped": False, "units": 1}})
+
+    before = plan()
+    last = len(text) - 10  # inside the last sampled block
+    big.write_bytes(text[:last] + b"X" + text[last + 1:])
+    assert plan().differences(before) == [
+        "en: en.txt has the same size but other content than when it was prepared"]
+    assert plan().digest != before.digest  # its shards are not taken for the old plan's
+    # a plan written before samples were recorded: compared by name and size
+    old = pf.Plan("t", "documents", "v", {"en": {"sources": [{"file": "en.txt",
+                                                              "bytes": len(text)}],
+                                                 "swapped": False, "units": 1}})
+    assert plan().differences(old) == []
+
+
 def test_prepared_data_that_does_not_match_is_one_line_before_any_read(
         corpus, tmp_path, train_xlmr_spm):
     root, out, _ = corpus
@@ -173,8 +196,23 @@ def test_prepared_data_that_does_not_match_is_one_line_before_any_read(
     shutil.copytree(os.path.join(root, "mono"), changed)
     with open(changed / "de.txt", "a", encoding="utf-8") as f:
         f.write("\nEin neues Dokument.\n")
+    size = os.path.getsize(os.path.join(root, "mono", "de.txt"))
     refused(lambda: registry.register_monolingual(
-        "pd_mono", str(changed), ["de"], pc.SPM, prepared_dir=out), "de was prepared from")
+        "pd_mono", str(changed), ["de"], pc.SPM, prepared_dir=out),
+        f"{out}/pd_mono_de: the corpus changed since it was prepared (de: de.txt had {size} "
+        f"bytes when it was prepared and has {size + 21} now)")
+    # ... and edited at the same size (one letter of its middle): the content sample sees it
+    same = tmp_path / "same_size"
+    shutil.copytree(os.path.join(root, "mono"), same)
+    with open(same / "de.txt", "r+b") as f:
+        f.seek(size // 2)
+        letter = f.read(1)
+        f.seek(size // 2)
+        f.write(b"x" if letter != b"x" else b"y")
+    assert os.path.getsize(same / "de.txt") == size
+    refused(lambda: registry.register_monolingual(
+        "pd_mono", str(same), ["de"], pc.SPM, prepared_dir=out),
+        "de: de.txt has the same size but other content than when it was prepared")
     # damaged copies of one prepared pair task
     def damaged(name, damage):
         copy = tmp_path / name

@@ -117,10 +117,12 @@ def check_existing(tp: TaskPlan, out=sys.stdout) -> bool:
                 "or delete that directory")
         return True
     if pf.exists(plan):
-        differs = tp.plan.differences(pf.Plan.from_json(pf.read_json(plan)))
-        if differs:
-            print(f"{tp.directory}: an unfinished preparation of another plan "
-                  f"({'; '.join(differs)}) is started over", file=out, flush=True)
+        old = pf.Plan.from_json(pf.read_json(plan))
+        differs = tp.plan.differences(old)
+        if differs or old.digest != tp.plan.digest:  # (its shards carry the old digest)
+            why = "; ".join(differs) or "planned before corpus samples were recorded"
+            print(f"{tp.directory}: an unfinished preparation of another plan ({why}) is "
+                  "started over", file=out, flush=True)
             pf.rmtree(tp.directory)
     return False
 

@@ -140,15 +140,18 @@ def load_task(root: str, task: str, records: str, vocabulary: str,
         ("task", plan.task, task), ("records", plan.records, records),
         ("vocabulary", plan.vocabulary, vocabulary),
         ("corpora", sorted(plan.corpora), sorted(raw_paths))) if have != want]
-    for member, paths in sorted(raw_paths.items()):
-        if paths and member in plan.corpora and all(pf.exists(p) for p in paths):
-            here = pf.source_entries(paths)
-            if plan.corpora[member]["sources"] != here:
-                wrong.append(f"{member} was prepared from {plan.corpora[member]['sources']}, "
-                             f"the files are now {here}")
     if wrong:
         raise pf.PreparedError(f"{directory} was prepared with another SentencePiece model or "
                                f"task definition: {'; '.join(wrong)}")
+    changed = []
+    for member, paths in sorted(raw_paths.items()):
+        if paths and member in plan.corpora and all(pf.exists(p) for p in paths):
+            changed += [f"{member}: {phrase}" for phrase in pf.changed_sources(
+                plan.corpora[member]["sources"], pf.source_entries(paths))]
+    if changed:
+        raise pf.PreparedError(f"{directory}: the corpus changed since it was prepared "
+                               f"({'; '.join(changed)}); prepare the task again into another "
+                               "directory, or train on the files as they were")
     prepared = PreparedTask(directory, manifest)
     for member in plan.corpora:  # checks every shard now, before a step is trained
         prepared.records(member)

@@ -419,7 +419,7 @@ def make_streams(tasks: Mapping[str, streams_lib.Task], shapes: Mapping[str, mix
             if (start and mode == "checkpoint" and name in resume.data_state
                     and not resume.positions_usable(shards)
                     and streams_lib.is_prepared(task)):
-                # saved by another process count: a prepared stream starts a fresh permutation
+                # saved for another shard count: a prepared stream starts a fresh permutation
                 # at once (docs/scaling.md) instead of replaying every batch before the step
                 mode = "reseed"
                 reseeded.append(name)
