@@ -4,6 +4,8 @@ The trainer-level resume on these pipelines is in tests/train/data_state_test.py
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import seqio
@@ -91,6 +93,19 @@ def test_restored_iterator_continues_exactly_where_it_was_saved(tmp_path, task):
     other = pipeline.make_batch_iterator(task, 4, 32, seed=5, shard_index=1, num_shards=2)
     key = sorted(expected[0])[0]
     assert not np.array_equal(next(other)[key], expected[0][key])
+
+
+def test_a_position_saved_in_the_earlier_checkpoint_form_still_restores(tmp_path):
+    straight = pipeline.make_batch_iterator("iterstate_pairs", 4, 32, seed=5)
+    _batches(straight, 3)
+    # what `save` wrote before positions were one compressed file: TensorFlow checkpoint files
+    prefix = tf.train.Checkpoint(iterator=straight._it).write(str(tmp_path / "old"))
+    assert pipeline.position_saved(prefix) and not os.path.exists(prefix + pipeline.STATE_SUFFIX)
+    expected = _batches(straight, 4)
+    fresh = pipeline.make_batch_iterator("iterstate_pairs", 4, 32, seed=5)
+    fresh.restore(prefix)
+    _assert_same(_batches(fresh, 4), expected)
+    assert not pipeline.position_saved(str(tmp_path / "nothing"))
 
 
 def test_every_shard_of_a_mixture_with_a_one_document_corpus_is_endless():

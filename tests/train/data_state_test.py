@@ -117,4 +117,4 @@ def test_positions_of_steps_orbax_no_longer_keeps_are_deleted(tmp_path):
     assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["6"]
     names = sorted(os.listdir(tmp_path / "run" / data_state.STATE_DIR / "6"))
     suffix = f".shard_000-of-{jax.process_count():03d}"
-    assert f"mmlm{suffix}.index" in names and f"tlm{suffix}.index" in names
+    assert names == [f"mmlm{suffix}.tfdata.zz", f"tlm{suffix}.tfdata.zz"]

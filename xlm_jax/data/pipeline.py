@@ -10,13 +10,15 @@ when it is called.
 from __future__ import annotations
 
 import atexit
+import os
 import weakref
+import zlib
 from collections.abc import Callable
 
 import numpy as np
 
 __all__ = ["BatchIterator", "IteratorNotSaveable", "ShardedBatches", "make_batch_iterator",
-           "make_sharded_iterator"]
+           "make_sharded_iterator", "position_saved", "STATE_SUFFIX"]
 
 
 def make_batch_iterator(
@@ -145,6 +147,33 @@ class ShardedBatches:
             it.close()
 
 
+STATE_SUFFIX = ".tfdata.zz"  # a saved position: PREFIX + this (`BatchIterator.save`)
+_STATE_KEY = "_STATE"  # the one tensor of a tf.data iterator's saved state
+
+
+def position_saved(prefix: str) -> bool:
+    """Whether a position was saved under `prefix`, in this form or the earlier one
+    (`tf.train.Checkpoint` files, `PREFIX.index`)."""
+    from etils import epath  # pylint: disable=g-import-not-at-top
+
+    return any(epath.Path(prefix + suffix).exists() for suffix in (STATE_SUFFIX, ".index"))
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    """Writes `data` to `path`: a local file by temp + rename (a reader never sees half a
+    position), a `gs://` object in place (its writes are whole)."""
+    from etils import epath  # pylint: disable=g-import-not-at-top
+
+    target = epath.Path(path)
+    if "://" in path:
+        target.write_bytes(data)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    temp.write_bytes(data)
+    os.replace(temp, target)
+
+
 class IteratorNotSaveable(Exception):
     """The pipeline has a part whose position tf.data cannot save (e.g. `from_generator`)."""
 
@@ -166,23 +195,41 @@ class BatchIterator:
         return {k: np.asarray(v, dtype=np.int32) for k, v in batch.items()}
 
     def save(self, prefix: str) -> str:
-        """Writes the iterator's position under `prefix` (a local or `gs://` path prefix;
-        TensorFlow's checkpoint files `PREFIX.index` and `PREFIX.data-*`)."""
+        """Writes the iterator's position to `PREFIX.tfdata.zz` (`prefix` a local or `gs://`
+        path prefix; returns `prefix`): tf.data's serialized iterator state, zlib-compressed.
+
+        Our choice over `tf.train.Checkpoint` files (`PREFIX.index`, `PREFIX.data-*`, which
+        `restore` still reads): the state is mostly the ops' key names, repeated for every
+        Task of a mixture, and compresses ~40x (a symbolic position of the 77-Task demo
+        mixture: 398 KB -> 9.6 KB). It goes through the iterator's own
+        `_serialize_to_tensors`, which `tf.train.Checkpoint` calls too (a private TF method)."""
         import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
         try:
-            return tf.train.Checkpoint(iterator=self._it).write(prefix)
+            state = self._it._serialize_to_tensors()  # pylint: disable=protected-access
+            data = {k: tf.io.serialize_tensor(v).numpy() for k, v in state.items()}
         except (tf.errors.UnimplementedError, tf.errors.FailedPreconditionError) as e:
             first = str(e).strip().splitlines()[0]
             raise IteratorNotSaveable(f"{self.name}: {first}") from None
+        if set(data) != {_STATE_KEY}:
+            raise IteratorNotSaveable(f"{self.name}: an iterator state of {sorted(data)}")
+        _write_atomic(prefix + STATE_SUFFIX, zlib.compress(data[_STATE_KEY], 6))
+        return prefix
 
     def restore(self, prefix: str) -> None:
-        """Moves a freshly built iterator (same task and arguments) to the saved position."""
+        """Moves a freshly built iterator (same task and arguments) to the saved position
+        (`PREFIX.tfdata.zz`, or the `tf.train.Checkpoint` files of earlier versions)."""
         import tensorflow as tf  # pylint: disable=g-import-not-at-top
+        from etils import epath  # pylint: disable=g-import-not-at-top
 
         try:
-            tf.train.Checkpoint(iterator=self._it).read(prefix).assert_consumed()
-        except (tf.errors.OpError, AssertionError, ValueError) as e:
+            packed = epath.Path(prefix + STATE_SUFFIX)
+            if packed.exists():
+                state = tf.io.parse_tensor(zlib.decompress(packed.read_bytes()), tf.variant)
+                self._it._restore_from_tensors({_STATE_KEY: state})  # pylint: disable=protected-access
+            else:
+                tf.train.Checkpoint(iterator=self._it).read(prefix).assert_consumed()
+        except (tf.errors.OpError, AssertionError, ValueError, zlib.error) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ValueError(f"{prefix}: cannot restore the input position of {self.name} "
                              f"(was it saved by a run with other tasks, batch size or "

@@ -2,8 +2,9 @@
 
 With `loop.train(data_resume="checkpoint")` (the default), every save writes the tf.data
 iterator state of each input shard of each seqio stream (`data.pipeline.ShardedBatches`; a
-process saves the shards it reads) to `MODEL_DIR/data_state/STEP/OBJECTIVE.shard_VVV-of-NNN`
-(TensorFlow checkpoint files), and records in the checkpoint's `ResumeInfo` the shard count
+process saves the shards it reads) to
+`MODEL_DIR/data_state/STEP/OBJECTIVE.shard_VVV-of-NNN.tfdata.zz` (tf.data's serialized state,
+zlib-compressed; the TensorFlow checkpoint files of earlier versions still restore), and records in the checkpoint's `ResumeInfo` the shard count
 and what is needed to use the positions again: the seed the stream was built with, its task
 and batch shape. A resume rebuilds the stream with that seed and restores the position, in
 a time that does not depend on the step (t5x saves its datasets the same way), on any
@@ -27,8 +28,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TextIO
-
-from etils import epath
 
 from xlm_jax import model_dir as md
 from xlm_jax.train.resume import ResumeInfo
@@ -119,6 +118,8 @@ def saved_stream(resume: ResumeInfo, name: str, current: SavedStream, model_dir:
     def prefix_of(shard: int) -> str:
         return prefix(model_dir, step, name, shard, input_shards, by_process)
 
-    if not all(epath.Path(prefix_of(v) + ".index").exists() for v in shards):
+    from xlm_jax.data.pipeline import position_saved  # TF-free module at import
+
+    if not all(position_saved(prefix_of(v)) for v in shards):
         return None
     return prefix_of
