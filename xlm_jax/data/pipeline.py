@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from xlm_jax.data import prepared_files as pf
+
 __all__ = ["BatchIterator", "IteratorNotSaveable", "ShardedBatches", "make_batch_iterator",
            "make_sharded_iterator", "position_saved", "STATE_SUFFIX"]
 
@@ -159,21 +161,6 @@ def position_saved(prefix: str) -> bool:
     return any(epath.Path(prefix + suffix).exists() for suffix in (STATE_SUFFIX, ".index"))
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    """Writes `data` to `path`: a local file by temp + rename (a reader never sees half a
-    position), a `gs://` object in place (its writes are whole)."""
-    from etils import epath  # pylint: disable=g-import-not-at-top
-
-    target = epath.Path(path)
-    if "://" in path:
-        target.write_bytes(data)
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temp = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    temp.write_bytes(data)
-    os.replace(temp, target)
-
-
 class IteratorNotSaveable(Exception):
     """The pipeline has a part whose position tf.data cannot save (e.g. `from_generator`)."""
 
@@ -213,7 +200,9 @@ class BatchIterator:
             raise IteratorNotSaveable(f"{self.name}: {first}") from None
         if set(data) != {_STATE_KEY}:
             raise IteratorNotSaveable(f"{self.name}: an iterator state of {sorted(data)}")
-        _write_atomic(prefix + STATE_SUFFIX, zlib.compress(data[_STATE_KEY], 6))
+        # whole or not at all: a temporary name, then a rename
+        pf.makedirs(os.path.dirname(prefix))
+        pf.write_atomic(prefix + STATE_SUFFIX, zlib.compress(data[_STATE_KEY], 6))
         return prefix
 
     def restore(self, prefix: str) -> None:

@@ -120,7 +120,7 @@ def remove(path: str) -> None:
     _epath(path).unlink(missing_ok=True)
 
 
-def _write_atomic(path: str, data: bytes) -> None:
+def write_atomic(path: str, data: bytes) -> None:
     """Writes `path` whole or not at all: a temporary name, then a rename (a killed writer
     leaves only a `.tmp-*` file, which nothing reads)."""
     tmp = _epath(f"{path}.tmp-{uuid.uuid4().hex}")
@@ -133,7 +133,7 @@ def read_json(path: str) -> dict[str, Any]:
 
 
 def write_json(path: str, value: Mapping[str, Any]) -> None:
-    _write_atomic(path, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode())
+    write_atomic(path, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode())
 
 
 # ----------------------------------------------------------------------------- what is prepared
@@ -308,8 +308,8 @@ def write_shard(prefix: str, records: Iterable[np.ndarray]) -> WrittenShard:
         total += len(data)
         offsets.append(total)
     blob, index = b"".join(parts), np.asarray(offsets, dtype="<i8").tobytes()
-    _write_atomic(prefix + ".bin", blob)
-    _write_atomic(prefix + ".idx", index)
+    write_atomic(prefix + ".bin", blob)
+    write_atomic(prefix + ".idx", index)
     return WrittenShard(len(offsets) - 1, total, hashlib.sha1(blob).hexdigest(),
                         hashlib.sha1(index).hexdigest())
 
