@@ -49,8 +49,10 @@ def test_bench_runs_a_shipped_run_file_without_tensorflow():
     assert 0 < (rows != 1).sum() < 64
     assert abs(float(torch_line[1]) / 1000 * float(torch_line[2]) - (rows != 1).sum()) < 0.5, out
     ratio = re.search(r"xlm_jax / transformers tokens/s = ([\d.]+)", out)
+    # the ratio is printed with two decimals: within half a unit of the last one (a loaded
+    # machine once gave 0.41 for 0.4057, outside the 1% this test first allowed)
     assert ratio and float(ratio[1]) == pytest.approx(float(ours[2]) / float(torch_line[2]),
-                                                    rel=0.01), out
+                                                    abs=0.0051), out
 
 
 def test_prediction_slots_follow_the_run_files_rule():
