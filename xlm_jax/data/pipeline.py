@@ -20,7 +20,7 @@ import numpy as np
 from xlm_jax.data import prepared_files as pf
 
 __all__ = ["BatchIterator", "IteratorNotSaveable", "ShardedBatches", "make_batch_iterator",
-           "make_sharded_iterator", "position_saved", "STATE_SUFFIX"]
+           "make_sharded_iterator", "position_saved", "process_shards", "STATE_SUFFIX"]
 
 
 def make_batch_iterator(
@@ -98,19 +98,25 @@ def make_sharded_iterator(task_or_mixture: str, global_batch: int, sequence_leng
     reads one shard, as before input shards existed; a larger V costs each process V/P
     pipelines (their threads and buffers) for the freedom to change P.
     Raises ValueError (one line) when P does not divide V or V does not divide the batch."""
-    if input_shards < 1 or input_shards % process_count:
-        raise ValueError(f"input_shards={input_shards} must be a multiple of the {process_count} "
-                         "processes (each process reads input_shards / processes of them)")
+    shards = process_shards(process_index, process_count, input_shards)
     if global_batch % input_shards:
         raise ValueError(f"a global batch of {global_batch} rows cannot be read as "
                          f"{input_shards} input shards of equal rows; choose input_shards "
                          f"dividing {global_batch}")
-    per = input_shards // process_count
-    shards = range(process_index * per, (process_index + 1) * per)
     return ShardedBatches(
         {v: make_batch_iterator(task_or_mixture, global_batch // input_shards, sequence_length,
                                 seed, shard_index=v, num_shards=input_shards,
                                 start_step=start_step) for v in shards}, input_shards)
+
+
+def process_shards(process_index: int, process_count: int, input_shards: int) -> range:
+    """The input shards process `process_index` of `process_count` reads, in row order:
+    p*V/P .. (p+1)*V/P - 1. Raises ValueError (one line) when P does not divide V."""
+    if input_shards < 1 or input_shards % process_count:
+        raise ValueError(f"input_shards={input_shards} must be a multiple of the {process_count} "
+                         "processes (each process reads input_shards / processes of them)")
+    per = input_shards // process_count
+    return range(process_index * per, (process_index + 1) * per)
 
 
 class ShardedBatches:

@@ -40,7 +40,7 @@ import numpy as np
 
 from xlm_jax import cli_help
 from xlm_jax.data.features import PAD_ID
-from xlm_jax.data.pipeline import make_batch_iterator
+from xlm_jax.data.pipeline import STATE_SUFFIX, make_batch_iterator
 
 __all__ = ["PipelineBenchResult", "EpochRead", "ResumeCost", "count_tokens", "bytes_read",
            "run", "read_epoch", "resume_cost", "main"]
@@ -161,7 +161,7 @@ class ResumeCost:
     first_batch_seconds: float  # build + restore + the first batch
     settle: int
     replay_seconds: Optional[float]  # build with start_step=step + first batch (None: skipped)
-    state_bytes: int = 0  # the saved position's files (what a checkpoint holds per process)
+    state_bytes: int = 0  # the saved position's file (what a checkpoint holds per process)
 
 
 def _timed(it, n: int) -> tuple[list[dict[str, np.ndarray]], float]:
@@ -183,9 +183,7 @@ def resume_cost(task: str, batch_size: int, sequence_length: int, step: int, sta
     start = time.perf_counter()
     path = straight.save(os.path.join(state_dir, f"{task}-{step}"))
     save_s = time.perf_counter() - start
-    state_bytes = sum(os.path.getsize(os.path.join(state_dir, name))
-                      for name in os.listdir(state_dir)
-                      if name.startswith(os.path.basename(path) + "."))
+    state_bytes = os.path.getsize(path + STATE_SUFFIX)
     expected, straight_s = _timed(straight, settle)
     straight.close()
 

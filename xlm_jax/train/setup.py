@@ -245,12 +245,18 @@ def check_input_shards(requested: int | None, batch_sizes: Sequence[int]) -> int
     if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
         raise ValueError(f"loop.train.input_shards={requested!r}: expected an int >= 1")
     processes = jax.process_count()
-    if requested % processes or any(b % requested for b in batch_sizes):
+    if not _shards_readable(requested, processes, batch_sizes):
         raise ValueError(
             f"loop.train.input_shards={requested}: must be a multiple of the {processes} "
             f"processes and divide every objective's batch "
             f"({', '.join(map(str, sorted(set(batch_sizes))))} rows)")
     return requested
+
+
+def _shards_readable(shards: int, processes: int, batch_sizes: Sequence[int]) -> bool:
+    """Whether `processes` processes can read `shards` input shards: each reads shards /
+    processes of them, and each shard gives an equal part of every objective's batch."""
+    return shards % processes == 0 and all(b % shards == 0 for b in batch_sizes)
 
 
 def input_shard_count(requested: int | None, resume: ResumeInfo,
@@ -266,8 +272,7 @@ def input_shard_count(requested: int | None, resume: ResumeInfo,
         shards = check_input_shards(requested, batch_sizes)
     else:
         saved = resume.saved_shards if resume.step else processes
-        readable = saved % processes == 0 and all(b % saved == 0 for b in batch_sizes)
-        shards = saved if readable else processes
+        shards = saved if _shards_readable(saved, processes, batch_sizes) else processes
     if resume.step and seqio_tasks and shards != resume.saved_shards:
         print(f"note: the input was read as {resume.saved_shards} shards and now as {shards} "
               f"({processes} processes): the data order differs from the uninterrupted run "
@@ -400,10 +405,11 @@ def make_streams(tasks: Mapping[str, streams_lib.Task], shapes: Mapping[str, mix
     the pipeline time of every step before. Seqio streams are read as `input_shards` input
     shards (`input_shard_count`; None: one per process). A task is a name (seqio,
     synthetic:KIND) or a stream object (`data.MemoryStream`), used as it is."""
+    from xlm_jax.data.pipeline import process_shards  # TF-free module at import
+
     start = resume.step
     shards = input_shards or jax.process_count()
-    per = shards // jax.process_count()
-    mine = range(jax.process_index() * per, (jax.process_index() + 1) * per)
+    mine = process_shards(jax.process_index(), jax.process_count(), shards)
     streams, built, replayed, reseeded, restored = {}, {}, [], [], []
     for i, (name, task) in enumerate(tasks.items()):
         shape = shapes[name]
