@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from xlm_jax.data import corpus_fs
 from xlm_jax.data import corpus_units as cu
 from xlm_jax.data import sources
 
@@ -228,7 +229,7 @@ def test_a_unit_in_the_middle_reads_about_its_own_range(tmp_path, monkeypatch):
         assert mode == "rb"
         return io.BufferedReader(CountingFile(file))
 
-    monkeypatch.setattr(cu, "open", counting_open, raising=False)
+    monkeypatch.setattr(corpus_fs, "open", counting_open, raising=False)  # local files
     CountingFile.read_bytes = 0
     middle = units[len(units) // 2]
     assert middle.start > 10 * split
@@ -255,17 +256,24 @@ def test_empty_file_is_one_unit_with_nothing_in_it(tmp_path):
     assert read_all(units) == ([], [sources.ReadCounts()])
 
 
-def test_the_module_imports_no_heavy_library():
-    tree = ast.parse(pathlib.Path(cu.__file__).read_text(encoding="utf-8"))
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+def _imports(module) -> set[str]:
+    tree = ast.parse(pathlib.Path(module.__file__).read_text(encoding="utf-8"))
+    top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    imported = {alias.name.split(".")[0] for node in top
                 if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {f"{node.module}.{alias.name}" if node.module == "xlm_jax.data" else node.module
-                 for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                 for alias in node.names}
-    assert imported <= {"__future__", "dataclasses", "os", "typing", "xlm_jax.data.sources"}, \
-        imported
+    return imported | {f"{node.module}.{alias.name}" if node.module == "xlm_jax.data"
+                       else node.module for node in top if isinstance(node, ast.ImportFrom)
+                       for alias in node.names}
+
+
+def test_the_module_imports_no_heavy_library():
+    assert _imports(cu) <= {"__future__", "dataclasses", "typing", "xlm_jax.data.sources",
+                            "xlm_jax.data.corpus_fs"}, _imports(cu)
+    # the filesystem layer: the standard library at import; etils only for a remote path
+    assert _imports(corpus_fs) <= {"__future__", "io", "os", "posixpath", "typing"}
     code = ("import sys, xlm_jax.data.corpus_units; "
-            "print(sorted(m for m in ('tensorflow', 'seqio', 'jax') if m in sys.modules))")
+            "print(sorted(m for m in ('tensorflow', 'seqio', 'jax', 'etils') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=pathlib.Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "[]"

@@ -17,6 +17,8 @@ Which unit owns what:
              previous unit's document that it skips included, the lines it reads past its end
              excluded.
 
+Local and remote (`gs://`) files alike, through `corpus_fs`.
+
 Compressed files (`.xz`, `.gz`) cannot be entered in the middle, and a byte offset in one of
 two line-aligned files says nothing about the line number in the other: those are one unit
 each, read by the serial readers themselves.
@@ -28,10 +30,9 @@ install the training stack.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import BinaryIO, Iterator, Optional, Union
 
-from xlm_jax.data import sources
+from xlm_jax.data import corpus_fs, sources
 
 __all__ = ["Unit", "document_units", "pair_units", "read_unit"]
 
@@ -71,7 +72,7 @@ def _byte_units(layout: str, path: str, swapped: bool, split_bytes: int) -> list
     _check_split(split_bytes)
     if _is_compressed(path):
         return [Unit(layout, (path,), swapped)]
-    n = max(1, -(-os.path.getsize(path) // split_bytes))
+    n = max(1, -(-corpus_fs.getsize(path) // split_bytes))
     return [Unit(layout, (path,), swapped, i * split_bytes,
                  (i + 1) * split_bytes if i < n - 1 else None) for i in range(n)]
 
@@ -143,9 +144,9 @@ def _inside_document(f: BinaryIO, p: int) -> bool:
 def _plain_documents(unit: Unit, counts: sources.ReadCounts) -> Iterator[list[str]]:
     """The documents that start in the unit's range (see the module docstring)."""
     end = unit.end
-    with open(unit.paths[0], "rb") as f:
+    with corpus_fs.open_binary(unit.paths[0]) as f:
         p = _first_line_start(f, unit.start)
-        limit = os.fstat(f.fileno()).st_size if end is None else end
+        limit = corpus_fs.getsize(unit.paths[0]) if end is None else end
         skipping = p < limit and _inside_document(f, p)  # the previous unit's document
         doc: list[str] = []
         for offset, raw in _lines_from(f, p):
@@ -188,7 +189,7 @@ def _tsv_pair(raw: bytes, swapped: bool, counts: sources.ReadCounts
 
 def _plain_pairs(unit: Unit, counts: sources.ReadCounts) -> Iterator[tuple[str, str]]:
     """The pairs of the TSV lines that start in the unit's range."""
-    with open(unit.paths[0], "rb") as f:
+    with corpus_fs.open_binary(unit.paths[0]) as f:
         for offset, raw in _lines_from(f, _first_line_start(f, unit.start)):
             if unit.end is not None and offset >= unit.end:
                 break

@@ -40,6 +40,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from xlm_jax.data import remote_reads
+
 __all__ = ["FORMAT", "MANIFEST", "PLAN", "RECORD_TYPES", "Corpus", "Plan", "ShardCounts",
            "CorpusRecords", "PreparedError", "WrittenShard", "shard_name", "write_shard",
            "read_json",
@@ -122,7 +124,12 @@ def remove(path: str) -> None:
 
 def write_atomic(path: str, data: bytes) -> None:
     """Writes `path` whole or not at all: a temporary name, then a rename (a killed writer
-    leaves only a `.tmp-*` file, which nothing reads)."""
+    leaves only a `.tmp-*` file, which nothing reads). On an object store (`gs://`) an upload
+    is atomic already (the object appears when it is complete) and a rename is a copy and a
+    delete, so the object is written in place."""
+    if not _local(path):
+        _epath(path).write_bytes(data)
+        return
     tmp = _epath(f"{path}.tmp-{uuid.uuid4().hex}")
     tmp.write_bytes(data)
     tmp.replace(path)
@@ -216,13 +223,21 @@ def content_sample(path: str, length: Optional[int] = None) -> str:
     is of the prepared shards, not of the corpus)."""
     n = size(path) if length is None else length
     digest = hashlib.sha1(str(n).encode())
-    with open_read(path) as f:
-        if n <= SAMPLE_BLOCKS * SAMPLE_BLOCK:
-            digest.update(f.read())
-        else:
-            for i in range(SAMPLE_BLOCKS):
-                f.seek((n - SAMPLE_BLOCK) * i // (SAMPLE_BLOCKS - 1))
-                digest.update(f.read(SAMPLE_BLOCK))
+    if n <= SAMPLE_BLOCKS * SAMPLE_BLOCK:
+        digest.update(read_bytes(path))
+        return digest.hexdigest()[:16]
+    ranges = [(path, (n - SAMPLE_BLOCK) * i // (SAMPLE_BLOCKS - 1), SAMPLE_BLOCK)
+              for i in range(SAMPLE_BLOCKS)]
+    if not _local(path):  # 16 exact ranges at once (a file object would fetch 5 MiB each)
+        blocks = remote_reads.RemoteFiles(PreparedError).read(ranges)
+    else:
+        with open_read(path) as f:
+            blocks = []
+            for _, offset, length in ranges:
+                f.seek(offset)
+                blocks.append(f.read(length))
+    for block in blocks:
+        digest.update(block)
     return digest.hexdigest()[:16]
 
 
@@ -366,15 +381,17 @@ def vocab_size(fingerprint: str) -> Optional[int]:
     return int(tail) if tail.isdigit() else None
 
 
-def shard_files_problem(prefix: str, shard: Mapping[str, Any]) -> Optional[str]:
+def shard_files_problem(prefix: str, shard: Mapping[str, Any],
+                        sizes: Optional[Mapping[str, int]] = None) -> Optional[str]:
     """Why shard `prefix`'s two files do not match its manifest entry `shard` (missing, or
-    another size), else None; what the reader checks on open and `verify` first."""
+    another size), else None; what the reader checks on open and `verify` first. `sizes`
+    ({path: bytes} of the files there, from one listing) saves a query per file."""
     for suffix, want in ((".bin", shard["bytes"]), (".idx", 8 * (shard["records"] + 1))):
         path = prefix + suffix
-        if not exists(path):
+        if not (exists(path) if sizes is None else path in sizes):
             return (f"{path} is missing (the manifest lists it): the prepared data is "
                     "incomplete; prepare it again into a new directory")
-        got = size(path)
+        got = size(path) if sizes is None else sizes[path]
         if got != want:
             what = "index" if suffix == ".idx" else "shard"
             return (f"{path}: {got} bytes, but the manifest says {want} (a truncated or "
@@ -446,35 +463,55 @@ class CorpusRecords:
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self.num_records = int(self._starts[-1])
         self._files = _FilePool(open_files)
+        self._remote = None if _local(directory) else remote_reads.RemoteFiles(PreparedError)
         self._lock = threading.Lock()
         self.bytes_read = 0  # by `read`, index entries included
-        for shard in entry["shards"]:
-            self._check(shard)
+        self._check(entry["shards"])
 
-    def _check(self, shard: Mapping[str, Any]) -> None:
-        prefix = os.path.join(self.directory, shard["name"])
-        wrong = shard_files_problem(prefix, shard) or index_span_problem(
-            prefix, shard,
-            int(np.frombuffer(self._files.read(prefix + ".idx", 0, 8), "<i8")[0]),
-            int(np.frombuffer(self._files.read(prefix + ".idx", 8 * shard["records"], 8),
-                              "<i8")[0]))
-        if wrong:
-            raise PreparedError(wrong)
+    def _check(self, shards: Sequence[Mapping[str, Any]]) -> None:
+        """Every shard's files against the manifest, then every index's first and last entry
+        (on a remote filesystem: one listing and one round of reads for all shards)."""
+        sizes = self._remote.sizes(self.directory) if self._remote is not None else None
+        prefixes = [os.path.join(self.directory, shard["name"]) for shard in shards]
+        for prefix, shard in zip(prefixes, shards):
+            wrong = shard_files_problem(prefix, shard, sizes)
+            if wrong:
+                raise PreparedError(wrong)
+        ends = self._ranges([(prefix + ".idx", at, 8) for prefix, shard in zip(prefixes, shards)
+                             for at in (0, 8 * shard["records"])])
+        for i, (prefix, shard) in enumerate(zip(prefixes, shards)):
+            first, last = (int(np.frombuffer(b, "<i8")[0]) for b in ends[2 * i:2 * i + 2])
+            wrong = index_span_problem(prefix, shard, first, last)
+            if wrong:
+                raise PreparedError(wrong)
+
+    def _ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
+        """The bytes of (path, offset, length) ranges: `os.pread` each on a local disk; all at
+        once, retried, on a remote filesystem (`remote_reads`)."""
+        if self._remote is not None:
+            return self._remote.read(ranges) if ranges else []
+        return [self._files.read(*r) for r in ranges]
 
     def read(self, numbers: np.ndarray) -> list[np.ndarray]:
         """The records `numbers` (ints in [0, num_records)), as int32 arrays, in order."""
         numbers = np.asarray(numbers, np.int64)
         shards = np.searchsorted(self._starts, numbers, side="right") - 1
-        out, nbytes = [], 0
-        for shard, k in zip(shards.tolist(), (numbers - self._starts[shards]).tolist()):
-            prefix = os.path.join(self.directory, self._shards[shard])
-            start, end = (int(x) for x in
-                          np.frombuffer(self._files.read(prefix + ".idx", 8 * k, 16), "<i8"))
+        where = [(os.path.join(self.directory, self._shards[shard]), shard, k) for shard, k in
+                 zip(shards.tolist(), (numbers - self._starts[shards]).tolist())]
+        entries = self._ranges([(prefix + ".idx", 8 * k, 16) for prefix, _, k in where])
+        spans = []
+        for (prefix, shard, k), entry in zip(where, entries):
+            start, end = (int(x) for x in np.frombuffer(entry, "<i8"))
             wrong = bad_record(prefix, k, start, end, self._bytes[shard])
             if wrong:
                 raise PreparedError(wrong + "; run python -m xlm_jax.data.verify on the "
                                     "prepared directory")
-            ids = np.frombuffer(self._files.read(prefix + ".bin", start, end - start), "<i4")
+            spans.append((start, end))
+        blobs = self._ranges([(prefix + ".bin", start, end - start)
+                              for (prefix, _, _), (start, end) in zip(where, spans)])
+        out, nbytes = [], 0
+        for (prefix, _, k), (start, end), blob in zip(where, spans, blobs):
+            ids = np.frombuffer(blob, "<i4")
             wrong = bad_ids(ids, self.vocab_size, self._pairs)
             if wrong:
                 raise PreparedError(f"{prefix}.bin: record {k}: {wrong} (a damaged shard, or "

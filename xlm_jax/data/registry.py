@@ -31,7 +31,7 @@ import tensorflow as tf
 from xlm_jax.data import prepared
 from xlm_jax.data import prepared_files as pf
 from xlm_jax.data import preprocessors as prep
-from xlm_jax.data import sampling, sources
+from xlm_jax.data import corpus_fs, sampling, sources
 from xlm_jax.data.features import (EXAMPLE_KINDS, ExampleKind, default_language_list,
                                    example_kind, language_index, valid_kinds)
 from xlm_jax.data.sources import CorpusStats
@@ -290,7 +290,7 @@ def register_monolingual(
             source, corpora = prepared.source(ready[lang], lang, [lang_ids[lang]]), ()
         else:
             definition.update(file=file_key(paths[lang], vocab_fp, "mono"),
-                              paths=[os.path.abspath(p) for p in paths[lang]])
+                              paths=[corpus_fs.abspath(p) for p in paths[lang]])
             source = sources.monolingual_source(paths[lang], lang_ids[lang],
                                                 stats[lang] and stats[lang].examples)
             preprocessors.insert(0, prep.bind(prep.tokenize, keys={"lines": "tokens"}))
@@ -490,7 +490,7 @@ def register_parallel(
 
     def definition_of(member):
         where = ({"prepared": root, "digest": ready[member].digest} if root
-                 else {"files": [os.path.abspath(p) for p in files[member].paths],
+                 else {"files": [corpus_fs.abspath(p) for p in files[member].paths],
                        "key": file_key(files[member].paths, vocab_fp, "pair")})
         return {"kind": kind, **where, "langs": [lang_ids[x] for x in member.split("-")],
                 "languages": _digest(language_list), "max_side_length": max_side_length,

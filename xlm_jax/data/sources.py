@@ -30,10 +30,9 @@ import dataclasses
 import gzip
 import itertools
 import lzma
-import os
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
-from xlm_jax.data import block_reader
+from xlm_jax.data import block_reader, corpus_fs
 
 if TYPE_CHECKING:  # pragma: no cover
     import seqio
@@ -66,16 +65,18 @@ COMPRESSED_SUFFIXES: tuple[str, ...] = ("", ".xz", ".gz")
 # ----------------------------------------------------------------------------- file access
 
 def open_lines(path: str) -> Iterator[bytes]:
-    """Yields the raw lines (bytes, newline stripped) of a plain, .xz or .gz file."""
-    if path.endswith(".xz"):
-        opener: Callable[..., Any] = lzma.open
-    elif path.endswith(".gz"):
-        opener = gzip.open
-    else:
-        opener = open
-    with opener(path, "rb") as f:
-        for line in f:
-            yield line.rstrip(b"\r\n")
+    """Yields the raw lines (bytes, newline stripped) of a plain, .xz or .gz file, local or
+    remote (`corpus_fs`)."""
+    with corpus_fs.open_binary(path) as raw:
+        if path.endswith(".xz"):
+            f: Any = lzma.open(raw, "rb")
+        elif path.endswith(".gz"):
+            f = gzip.open(raw, "rb")
+        else:
+            f = raw
+        with f:
+            for line in f:
+                yield line.rstrip(b"\r\n")
 
 
 def likely_encoding(paths: Sequence[str]) -> str:
@@ -101,7 +102,7 @@ def likely_encoding(paths: Sequence[str]) -> str:
 
 def _first_existing(candidates: Sequence[str]) -> Optional[str]:
     for c in candidates:
-        if os.path.isfile(c):
+        if corpus_fs.isfile(c):
             return c
     return None
 
@@ -115,31 +116,33 @@ def _strip_compression(name: str) -> str:
 
 def _text_files(directory: str) -> list[str]:
     """The `*.txt[.xz|.gz]` files of `directory`, sorted (one language's parts)."""
-    return sorted(os.path.join(directory, n) for n in os.listdir(directory)
-                  if _strip_compression(n).endswith(".txt")) if os.path.isdir(directory) else []
+    if not corpus_fs.isdir(directory):
+        return []
+    return sorted(corpus_fs.join(directory, n) for n in corpus_fs.listdir(directory)
+                  if _strip_compression(n).endswith(".txt"))
 
 
 def languages_in_dir(data_dir: str) -> list[str]:
     """Languages with a CC-100 style `{lang}.txt[.xz|.gz]` file, or a `{lang}/` directory of
     such files, in `data_dir`."""
-    if not os.path.isdir(data_dir):
+    if not corpus_fs.isdir(data_dir):
         return []
     found = set()
-    for name in os.listdir(data_dir):
+    for name in corpus_fs.listdir(data_dir):
         base = _strip_compression(name)
         if base.endswith(".txt"):
             found.add(base[: -len(".txt")])
-        elif _text_files(os.path.join(data_dir, name)):
+        elif _text_files(corpus_fs.join(data_dir, name)):
             found.add(name)
     return sorted(found)
 
 
 def pairs_in_dir(data_dir: str) -> list[str]:
     """Pairs `src-tgt` with OPUS (`src-tgt.src`) or TSV (`src-tgt.tsv`) files in `data_dir`."""
-    if not os.path.isdir(data_dir):
+    if not corpus_fs.isdir(data_dir):
         return []
     found = set()
-    for name in os.listdir(data_dir):
+    for name in corpus_fs.listdir(data_dir):
         base = _strip_compression(name)
         stem, _, ext = base.rpartition(".")
         if "-" in stem and (ext == "tsv" or ext in stem.split("-")):
@@ -154,20 +157,20 @@ def find_monolingual_files(data_dir: str, lang: str) -> list[str]:
 
     Raises FileNotFoundError naming the paths tried and the languages the directory has.
     """
-    base = os.path.join(data_dir, f"{lang}.txt")
+    base = corpus_fs.join(data_dir, f"{lang}.txt")
     path = _first_existing([base + s for s in COMPRESSED_SUFFIXES])
     if path is not None:
         return [path]
-    parts = _text_files(os.path.join(data_dir, lang))
+    parts = _text_files(corpus_fs.join(data_dir, lang))
     if parts:
         return parts
-    if not os.path.isdir(data_dir):
+    if not corpus_fs.isdir(data_dir):
         raise FileNotFoundError(
             f"corpus directory {data_dir} does not exist (looking for language {lang!r})"
         )
     raise FileNotFoundError(
         f"no corpus file for language {lang!r}: {base}[.xz|.gz] does not exist, nor "
-        f"{os.path.join(data_dir, lang)}/*.txt[.xz|.gz]; languages found in {data_dir}: "
+        f"{corpus_fs.join(data_dir, lang)}/*.txt[.xz|.gz]; languages found in {data_dir}: "
         f"{languages_in_dir(data_dir) or 'none'}"
     )
 
@@ -195,7 +198,7 @@ def find_parallel_files(data_dir: str, src: str, tgt: str) -> ParallelFiles:
     Raises FileNotFoundError naming the files tried and the pairs the directory has.
     """
     for a, b, swapped in ((src, tgt, False), (tgt, src, True)):
-        stem = os.path.join(data_dir, f"{a}-{b}")
+        stem = corpus_fs.join(data_dir, f"{a}-{b}")
         src_path = _first_existing([f"{stem}.{src}{s}" for s in COMPRESSED_SUFFIXES])
         tgt_path = _first_existing([f"{stem}.{tgt}{s}" for s in COMPRESSED_SUFFIXES])
         if src_path and tgt_path:
@@ -208,7 +211,7 @@ def find_parallel_files(data_dir: str, src: str, tgt: str) -> ParallelFiles:
         tsv = _first_existing([f"{stem}.tsv{s}" for s in COMPRESSED_SUFFIXES])
         if tsv:
             return ParallelFiles(tsv, None, swapped=swapped)
-    if not os.path.isdir(data_dir):
+    if not corpus_fs.isdir(data_dir):
         raise FileNotFoundError(
             f"corpus directory {data_dir} does not exist (looking for pair {src}-{tgt})"
         )
@@ -353,7 +356,7 @@ def count_monolingual(paths: Sequence[str], encode: Callable[[str], Sequence[int
             lines += len(doc)
             tokens += sum(len(encode(line)) for line in doc) + 1  # + the document's </s>
     return CorpusStats(examples=examples, tokens=tokens, lines=lines,
-                       bytes=sum(os.path.getsize(p) for p in paths),
+                       bytes=sum(corpus_fs.getsize(p) for p in paths),
                        invalid_utf8_lines=counts.invalid_utf8)
 
 
@@ -365,7 +368,7 @@ def count_parallel(files: ParallelFiles, encode: Callable[[str], Sequence[int]])
         examples += 1
         tokens += len(encode(a)) + len(encode(b))
     return CorpusStats(examples=examples, tokens=tokens, lines=counts.lines,
-                       bytes=sum(os.path.getsize(p) for p in files.paths),
+                       bytes=sum(corpus_fs.getsize(p) for p in files.paths),
                        invalid_utf8_lines=counts.invalid_utf8, malformed_lines=counts.malformed,
                        empty_pairs=counts.empty_pairs)
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import seqio
 
-from xlm_jax.data import sources
+from xlm_jax.data import corpus_fs, sources
 from xlm_jax.data.sources import CorpusStats
 
 __all__ = ["STATS_FILE", "StatsCache", "check_stats", "corpus_stats", "file_key",
@@ -50,12 +50,14 @@ def _dir_writable(path: str) -> bool:
 def stats_path(data_dir: str) -> str:
     """Where the stats JSON of `data_dir` lives: under $XLM_JAX_STATS_DIR when set (what
     `data.inspect` sets, so that looking at a corpus writes nothing into it), else in the data
-    directory if writable (shared by every host of a pod), else in the user cache."""
-    digest = hashlib.sha1(os.path.abspath(data_dir).encode()).hexdigest()[:16]
+    directory if writable (shared by every host of a pod), else in the user cache. A remote
+    data directory (`gs://`) keeps its stats in the user cache (our choice: nothing is written
+    into a corpus bucket; each host counts once, or reads a prepared task's manifest)."""
+    digest = hashlib.sha1(corpus_fs.abspath(data_dir).encode()).hexdigest()[:16]
     forced = os.environ.get("XLM_JAX_STATS_DIR")
     if forced:
         return os.path.join(forced, f"{digest}.json")
-    if _dir_writable(data_dir):
+    if not corpus_fs.is_remote(data_dir) and _dir_writable(data_dir):
         return os.path.join(data_dir, STATS_FILE)
     return os.path.join(_cache_root(), f"{digest}.json")
 
@@ -72,8 +74,8 @@ def file_key(paths: Sequence[str], vocab_fp: str, what: str) -> str:
     """The fast cache key: kind + (file name, size, mtime) of every file + vocabulary."""
     parts = []
     for p in paths:
-        st = os.stat(p)
-        parts.append(f"{os.path.basename(p)}:{st.st_size}:{st.st_mtime_ns}")
+        size, mtime_ns = corpus_fs.stat_key(p)
+        parts.append(f"{os.path.basename(p)}:{size}:{mtime_ns}")
     return f"{what}|{'|'.join(parts)}|{vocab_fp}"
 
 
@@ -83,10 +85,10 @@ def _content_key(paths: Sequence[str], vocab_fp: str, what: str) -> str:
     parts = []
     for p in paths:
         h = hashlib.sha1()
-        with open(p, "rb") as f:
+        with corpus_fs.open_binary(p) as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
-        parts.append(f"{os.path.basename(p)}:{os.path.getsize(p)}:{h.hexdigest()}")
+        parts.append(f"{os.path.basename(p)}:{corpus_fs.getsize(p)}:{h.hexdigest()}")
     return f"{what}|{'|'.join(parts)}|{vocab_fp}"
 
 
@@ -150,7 +152,7 @@ ANNOUNCE_BYTES = 32 << 20
 
 def _announce_count(paths: Sequence[str]) -> None:
     """Says, before a long counting pass, how long it will take and what avoids it."""
-    size = sum(os.path.getsize(p) for p in paths)
+    size = sum(corpus_fs.getsize(p) for p in paths)
     if size < ANNOUNCE_BYTES:
         return
     compressed = any(p.endswith((".xz", ".gz")) for p in paths)
