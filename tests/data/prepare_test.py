@@ -65,8 +65,17 @@ def test_prepared_tasks_give_the_raw_tasks_examples_and_counts(corpus):
     root, out, run = corpus
     stdout = run.stdout
     # Beam's start-up notes from each worker process are left out, and this corpus has no
-    # line to skip: nothing on stderr (prepare_console; what is kept: prepare_console_test)
-    assert run.stderr == "", run.stderr[-3000:]
+    # line to skip (prepare_console; what is kept: prepare_console_test): on stderr only the
+    # two inputs one worker reads whole though larger than a unit (8192 bytes here), once
+    # each although two tasks read each of them (write_shard_test has the words)
+    warned = run.stderr.splitlines()
+    assert len(warned) == 2, run.stderr[-3000:]
+    prefix = "WARNING:xlm_jax.data.prepare:"
+    assert all(line.startswith(prefix) for line in warned), warned
+    assert sorted(line[len(prefix):].split(" (")[0] for line in warned) == sorted([
+        os.path.join(root, "mono", "fr.txt.xz"),
+        " + ".join(os.path.join(root, "parallel", f"en-de.{x}.xz") for x in ("en", "de"))])
+    assert all("is read by one worker from start to end" in line for line in warned)
     assert "work units of 4 tasks" not in stdout  # the mixture's tasks count one by one
     assert "work units of 6 tasks on Beam" in stdout
     manifest = pf.read_json(os.path.join(out, "pd_mono_de", pf.MANIFEST))

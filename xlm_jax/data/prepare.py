@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional
 
 from xlm_jax import cli_help
+from xlm_jax.data import corpus_fs
 from xlm_jax.data import corpus_units as cu
 from xlm_jax.data import prepare_console, prepare_lock
 from xlm_jax.data import prepared_files as pf
@@ -49,6 +50,7 @@ __all__ = ["TaskPlan", "plan_task", "check_existing", "finish_task", "resolve_ta
            "main"]
 
 DEFAULT_SPLIT_BYTES = 256 << 20
+logger = logging.getLogger("xlm_jax.data.prepare")  # also when run as __main__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +78,37 @@ def _units(corpus: pf.Corpus, split_bytes: int) -> list[cu.Unit]:
         return [u for path in corpus.paths for u in cu.document_units(path, split_bytes)]
     tgt = corpus.paths[1] if len(corpus.paths) > 1 else None
     return cu.pair_units(ParallelFiles(corpus.paths[0], tgt, corpus.swapped), split_bytes)
+
+
+def warn_serial_units(units: Sequence[cu.Unit], split_bytes: int) -> None:
+    """A WARNING for each file (or pair) that one worker must read whole although it holds more
+    than a unit's bytes: a compressed file (a stream cannot be entered in the middle) or a pair of
+    line-aligned files (a byte offset in one says nothing of the line in the other) larger
+    than `split_bytes`. Its memory is bounded (the shard is written as it is read); its time
+    is one worker's, while the other workers wait at the end of the pipeline."""
+    seen = set()  # two tasks over one file: one warning
+    for unit in units:
+        if unit.start or unit.end is not None or unit.paths in seen:
+            continue  # a byte range of a plain file: split already
+        seen.add(unit.paths)
+        aligned = unit.layout == cu.ALIGNED
+        if not aligned and not unit.paths[0].endswith((".xz", ".gz")):
+            continue
+        size = sum(corpus_fs.getsize(p) for p in unit.paths)
+        if size <= split_bytes:
+            continue
+        fix = ("paste them into one TSV file (`paste SRC TGT > PAIR.tsv`), which prepare "
+               "splits at lines" if aligned else
+               "decompress it, or recompress it in parts: `mkdir en && xz -dc en.txt.xz | "
+               "split -C 2G -d -a 4 --additional-suffix=.txt - en/part- && xz -T0 "
+               "en/part-*.txt` (docs/scaling.md, \"Preparing a corpus\")")
+        logger.warning("%s (%s) is read by one worker from start to end, more than a work "
+                       "unit's %s: %s", " + ".join(unit.paths), _size(size), _size(split_bytes),
+                       fix)
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n:,} bytes"
 
 
 def plan_task(task: Any, output_dir: str, split_bytes: int) -> TaskPlan:
@@ -229,10 +262,10 @@ def prepare(patterns: Sequence[str], output_dir: str, split_bytes: int = DEFAULT
     a plain loop where Beam is not wanted (tests whose subject is the reading)."""
     plans = [plan_task(t, output_dir, split_bytes) for t in resolve_tasks(patterns)]
     with prepare_lock.held(output_dir, patterns):  # one prepare per directory at a time
-        return _prepare(plans, beam_args, out, run_units)
+        return _prepare(plans, split_bytes, beam_args, out, run_units)
 
 
-def _prepare(plans: Sequence[TaskPlan], beam_args: Sequence[str], out,
+def _prepare(plans: Sequence[TaskPlan], split_bytes: int, beam_args: Sequence[str], out,
              run_units: Callable[[Sequence[WorkItem], Sequence[str]], None]) -> list[str]:
     """`prepare`'s writing part, under the directory's lock."""
     todo = [tp for tp in plans if not check_existing(tp, out)]
@@ -245,6 +278,7 @@ def _prepare(plans: Sequence[TaskPlan], beam_args: Sequence[str], out,
         pf.write_json(os.path.join(tp.directory, pf.PLAN), tp.plan.to_json())
     items = [item for tp in todo for item in tp.items()
              if not pf.exists(item.prefix + ".json")]
+    warn_serial_units([item.unit for item in items], split_bytes)
     if items:
         print(f"prepare: {len(items)} work units of {len(todo)} tasks on Beam", file=out,
               flush=True)

@@ -312,20 +312,67 @@ class WrittenShard:
     index_sha1: str
 
 
+class _StreamedFile:
+    """A file written piece by piece, whole or not at all: locally under a temporary name
+    renamed on success (deleted on failure); on an object store straight to its name, the
+    upload discarded on failure (an object appears only when its upload completes)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._target = path if not _local(path) else f"{path}.tmp-{uuid.uuid4().hex}"
+        self._f: Any = None
+
+    def __enter__(self) -> Any:
+        self._f = (_epath(self._target).open("wb") if self._target == self.path
+                   else open(self._target, "wb"))  # pylint: disable=consider-using-with
+        return self._f
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self._f.close()
+            if self._target != self.path:
+                os.replace(self._target, self.path)
+            return
+        discard = getattr(self._f, "discard", None)  # fsspec: abort the upload
+        if discard is not None:
+            discard()
+        else:
+            self._f.close()
+            remove(self._target)
+
+
+WRITE_BUFFER = 4 << 20  # bytes of records gathered before a write (our choice)
+
+
 def write_shard(prefix: str, records: Iterable[np.ndarray]) -> WrittenShard:
-    """Writes `prefix.bin` and `prefix.idx` (each atomically)."""
+    """Writes `prefix.bin` and `prefix.idx` (each whole or not at all) as the records come:
+    what is held at once is one `WRITE_BUFFER` of ids and 8 bytes of index per record, not
+    the shard (a 60 MB unit used to take 390 MB of memory while its shard was joined)."""
+    import array  # pylint: disable=g-import-not-at-top
     import hashlib  # pylint: disable=g-import-not-at-top
 
-    parts, offsets, total = [], [0], 0
-    for rec in records:
-        data = np.asarray(rec, dtype="<i4").tobytes()
-        parts.append(data)
-        total += len(data)
-        offsets.append(total)
-    blob, index = b"".join(parts), np.asarray(offsets, dtype="<i8").tobytes()
-    write_atomic(prefix + ".bin", blob)
+    offsets, total, digest = array.array("q", [0]), 0, hashlib.sha1()
+    pending: list[bytes] = []
+    pending_bytes = 0
+    with _StreamedFile(prefix + ".bin") as f:
+        for rec in records:
+            data = np.asarray(rec, dtype="<i4").tobytes()
+            pending.append(data)
+            pending_bytes += len(data)
+            total += len(data)
+            offsets.append(total)
+            if pending_bytes >= WRITE_BUFFER:
+                chunk = b"".join(pending)
+                digest.update(chunk)
+                f.write(chunk)
+                del chunk  # not held while the next one gathers
+                pending, pending_bytes = [], 0
+        chunk = b"".join(pending)
+        digest.update(chunk)
+        f.write(chunk)
+    index = np.frombuffer(offsets, dtype=np.int64).astype("<i8").tobytes()
     write_atomic(prefix + ".idx", index)
-    return WrittenShard(len(offsets) - 1, total, hashlib.sha1(blob).hexdigest(),
+    return WrittenShard(len(offsets) - 1, total, digest.hexdigest(),
                         hashlib.sha1(index).hexdigest())
 
 
