@@ -4,8 +4,9 @@ tokenised, written as one shard.
 A `WorkItem` is one Beam element. `run_unit` reads its unit (`corpus_units.read_unit`: the
 same documents or pairs, the same skipped lines as the registry's readers), tokenises it with
 SentencePiece in the fairseq id layout (1024 examples per call) and writes the shard's `.bin`
-and `.idx` under temporary names, renamed when complete, then its counts file, so a unit with
-a counts file is finished and a rerun skips it. This module holds no driver code, so that
+as the records come and its `.idx` after them (each whole or not at all:
+`prepared_files.write_shard`), then its counts file, so a unit with a counts file is
+finished and a rerun skips it. This module holds no driver code, so that
 the elements and the function Beam pickles belong to an importable module (not to the
 `__main__` of the command). TensorFlow-free.
 """
