@@ -16,6 +16,8 @@ from tests.testlib.cli_run import ROOT, env
 from xlm_jax.data import prepare_lock
 from xlm_jax.data import prepared_files as pf
 from xlm_jax.data import verify
+from xlm_jax.data.stats_cache import vocab_fingerprint
+from xlm_jax.data.vocab import get_vocabulary
 
 pytestmark = pytest.mark.usefixtures("seqio_isolated")
 
@@ -33,9 +35,28 @@ def _lock_holder(out):
         return None
 
 
-def test_a_prepare_into_a_directory_another_prepare_holds_is_refused_at_once(corpus, tmp_path):
-    """A real prepare run (Beam, small units so that it runs a while) holds the directory; a
-    second attempt while it runs is refused naming it; the finished directory verifies."""
+def _other_model_corpus(root: str, train_xlmr_spm) -> str:
+    """The same corpus and tasks as `root`'s, registered with another SentencePiece model
+    (trained on its German text: another vocabulary, another fingerprint)."""
+    pc.write(root)
+    model = train_xlmr_spm(os.path.join(root, "mono", "de.txt"), os.path.join(root, "other"),
+                           400)
+    module = os.path.join(root, f"{pc.MODULE}.py")
+    with open(module, encoding="utf-8") as f:
+        text = f.read()
+    assert repr(pc.SPM) in text
+    with open(module, "w", encoding="utf-8") as f:
+        f.write(text.replace(repr(pc.SPM), repr(model)))
+    return root
+
+
+def test_two_prepares_with_different_models_into_one_directory_one_is_refused_at_once(
+        corpus, tmp_path, train_xlmr_spm):
+    """Issue 54, must-show 2: a real prepare run (Beam, small units so that it runs a while)
+    holds the directory; a second `prepare` with another SentencePiece model is refused while
+    the first still runs, in one line naming it; the finished directory verifies and every
+    shard was written under the first run's plan, with the first model's vocabulary."""
+    other = _other_model_corpus(str(tmp_path / "other"), train_xlmr_spm)
     out = str(tmp_path / "prepared")
     first = subprocess.Popen(
         [sys.executable, "-m", "xlm_jax.data.prepare", "--module", pc.MODULE, "--tasks",
@@ -47,15 +68,31 @@ def test_a_prepare_into_a_directory_another_prepare_holds_is_refused_at_once(cor
         assert first.poll() is None, first.communicate()[1][-3000:]
         time.sleep(0.05)
     assert first.poll() is None, "the first run ended before the second could try"
-    with pytest.raises(pf.PreparedError) as e:
+    second = pc.prepare(other, out, split_bytes=1024)
+    assert first.poll() is None, "the first run ended before the second was refused"
+    assert second.returncode == 2, second.stderr[-3000:]
+    refusal = second.stderr.strip().splitlines()[-1]
+    assert refusal.startswith(f"prepare: {out}: another prepare is writing there (pid "
+                              f"{first.pid} on "), second.stderr[-3000:]
+    assert (f"tasks {pc.PATTERN}); wait for it to finish, or use another --output_dir"
+            in refusal)
+    with pytest.raises(pf.PreparedError):  # the library call says the same
         with prepare_lock.held(out, ["pd_mono"]):
             pass
-    assert str(e.value).startswith(
-        f"{out}: another prepare is writing there (pid {first.pid} on ")
-    assert f"tasks {pc.PATTERN}); wait for it to finish, or use another --output_dir" in str(e.value)
     _, err = first.communicate(timeout=600)
     assert first.returncode == 0, err[-3000:]
     assert not verify.verify(out, ["*"]).problems
+    ours = vocab_fingerprint(get_vocabulary(pc.SPM))
+    theirs = vocab_fingerprint(get_vocabulary(os.path.join(other, "other.model")))
+    assert ours != theirs
+    tasks = [n for n in os.listdir(out) if os.path.isdir(os.path.join(out, n))]
+    assert len(tasks) == 6
+    for task in tasks:
+        manifest = pf.read_json(os.path.join(out, task, pf.MANIFEST))
+        assert manifest["vocabulary"] == ours
+        digest = pf.Plan.from_json(manifest).digest
+        for corpus_entry in manifest["corpora"].values():
+            assert {s["plan"] for s in corpus_entry["shards"]} == {digest}
     with prepare_lock.held(out, ["pd_mono"]):  # free again once the first run has ended
         pass
 

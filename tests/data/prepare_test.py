@@ -241,6 +241,13 @@ def test_prepared_data_that_does_not_match_is_one_line_before_any_read(
         idx.tofile(f"{p}.idx")
 
     refused(damaged("index", shift_index), "shard-00000-of-00001.idx does not match its shard")
+
+    def half_copied(p):
+        manifest = p.parent.parent / pf.MANIFEST
+        manifest.write_bytes(manifest.read_bytes()[:200])
+
+    refused(damaged("half_copied", half_copied), f"pd_pairs_en_de/{pf.MANIFEST}: not valid JSON "
+            "(", "a damaged or half-copied file")
     refused(damaged("unfinished", lambda p: os.remove(p.parent.parent / pf.MANIFEST)),
             "did not finish", "every work unit written, the manifest not")
     refused(lambda: prepared.load_task(str(tmp_path), "pd_pairs_en_de", "pairs", vocab_fp,
@@ -279,6 +286,60 @@ def test_a_worker_that_fails_names_its_shard_and_the_rerun_finishes(tmp_path):
     assert pc.tree(os.path.join(out, "pd_pairs_en_fr")) == kept
     stats = pf.read_json(os.path.join(out, "pd_pairs_en_de", pf.MANIFEST))["corpora"]["en-de"]
     assert stats["stats"]["examples"] == 1542  # every pair of the demo's en-de
+
+
+def test_a_missing_corpus_file_is_one_line_and_exit_1(tmp_path):
+    root = pc.write(str(tmp_path / "corpus"))
+    os.remove(os.path.join(root, "mono", "fr.txt.xz"))
+    out = str(tmp_path / "prepared")
+    r = pc.prepare(root, out, pattern="pd_mono")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines() == [
+        f"prepare: --module {pc.MODULE}: FileNotFoundError: no corpus file for language 'fr': "
+        f"{os.path.join(root, 'mono', 'fr.txt')}[.xz|.gz] does not exist, nor "
+        f"{os.path.join(root, 'mono', 'fr')}/*.txt[.xz|.gz]; languages found in "
+        f"{os.path.join(root, 'mono')}: ['de']"]
+    assert not os.path.exists(out)  # refused before anything was written
+
+
+def test_skipped_lines_are_warned_and_a_refused_corpus_keeps_the_other_tasks(tmp_path):
+    """German with 5 invalid UTF-8 lines (skipped and counted), French in Latin-1 (mostly not
+    UTF-8: refused): the warning names the file and its count, the refusal is one line that
+    names what was prepared and kept, and the same command finishes once French is fixed."""
+    import lzma
+
+    root = pc.write(str(tmp_path / "corpus"))
+    de = os.path.join(root, "mono", "de.txt")
+    with open(de, "rb") as f:
+        lines = f.read().split(b"\n")
+    for k in range(5):
+        lines[10 + 7 * k] = b"kaputt \xff\xfe " + lines[10 + 7 * k]
+    with open(de, "wb") as f:
+        f.write(b"\n".join(lines))
+    fr = os.path.join(root, "mono", "fr.txt.xz")
+    shutil.copy(fr, fr + ".good")
+    with lzma.open(fr + ".good", "rt", encoding="utf-8") as f:
+        text = f.read()
+    with lzma.open(fr, "wb") as f:
+        f.write(text.encode("latin-1", errors="replace"))
+    out = str(tmp_path / "prepared")
+    r = pc.prepare(root, out, pattern="pd_mono")
+    assert r.returncode == 2, r.stderr[-3000:]
+    err = r.stderr.strip().splitlines()
+    assert f"WARNING:xlm_jax.data.stats_cache:{de}: skipped 5 lines that are not valid UTF-8" in err
+    assert err[-1].startswith(f"prepare: pd_mono_fr: {fr}: ")
+    assert err[-1].endswith("(1 task(s) refused; prepared and kept: pd_mono_de; fix the corpus "
+                            "and run the same command again to finish the rest)")
+    assert "Latin-1" in err[-1]
+    manifest = pf.read_json(os.path.join(out, "pd_mono_de", pf.MANIFEST))
+    assert manifest["corpora"]["de"]["stats"]["invalid_utf8_lines"] == 5
+    assert not os.path.exists(os.path.join(out, "pd_mono_fr", pf.MANIFEST))
+    kept = pc.tree(os.path.join(out, "pd_mono_de"))
+    os.replace(fr + ".good", fr)
+    r = pc.prepare(root, out, pattern="pd_mono")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert pf.exists(os.path.join(out, "pd_mono_fr", pf.MANIFEST))
+    assert pc.tree(os.path.join(out, "pd_mono_de")) == kept
 
 
 def test_prepare_is_refused_for_tasks_it_cannot_read(corpus):

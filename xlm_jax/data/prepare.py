@@ -293,13 +293,25 @@ def _prepare(plans: Sequence[TaskPlan], split_bytes: int, beam_args: Sequence[st
     errors = [(item, pf.read_json(item.prefix + ".error")["error"]) for item in items
               if pf.exists(item.prefix + ".error")]
     failed = {item.directory.rsplit("/", 1)[0] for item, _ in errors}
+    refused, finished = [], []
     for tp in todo:
         if tp.directory in failed:
             continue
-        manifest = finish_task(tp)
+        try:
+            manifest = finish_task(tp)
+        except ValueError as e:  # an empty corpus, one not UTF-8: the other tasks go on
+            refused.append(f"{tp.plan.task}: {e}")
+            continue
+        finished.append(tp.plan.task)
         stats = [c["stats"] for c in manifest["corpora"].values()]
         print(f"{tp.directory}: {sum(s['examples'] for s in stats)} {tp.plan.records}, "
               f"{sum(s['tokens'] for s in stats)} tokens", file=out, flush=True)
+    if refused:  # one line: the first refusal, and what was prepared and kept
+        also = f"; {len(errors)} work unit(s) failed too" if errors else ""
+        raise WorkerFailed(
+            f"{refused[0]} ({len(refused)} task(s) refused{also}; prepared and kept: "
+            f"{', '.join(finished) or 'none'}; fix the corpus and run the same command again "
+            "to finish the rest)")
     if errors:  # the tasks that finished have their manifests; these can be rerun
         (item, message), done = errors[0], sum(pf.exists(i.prefix + ".json") for i in items)
         raise WorkerFailed(f"{item.prefix}: {message} ({len(errors)} work unit(s) failed, "
@@ -362,6 +374,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 importlib.import_module(name)
             except ImportError as e:
                 parser.error(f"--module {name!r} cannot be imported ({e})")
+            except (OSError, ValueError) as e:  # a registration refused: a missing corpus file
+                if cli_help.debug_wanted():
+                    raise
+                print(f"prepare: --module {name}: {type(e).__name__}: {e}", file=sys.stderr)
+                return 1
     try:
         prepare(args.tasks.split(","), args.output_dir, args.split_bytes, beam_args)
     except (ValueError, OSError, WorkerFailed) as e:

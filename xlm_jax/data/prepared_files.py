@@ -136,7 +136,15 @@ def write_atomic(path: str, data: bytes) -> None:
 
 
 def read_json(path: str) -> dict[str, Any]:
-    return json.loads(_epath(path).read_text())
+    """The JSON object of a plan, manifest or counts file; `PreparedError` naming the file
+    when it is not valid JSON (a damaged or half-copied file; issue 54)."""
+    text = _epath(path).read_text()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PreparedError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column "
+                            f"{e.colno}): a damaged or half-copied file; copy it again, or "
+                            "prepare again into a new directory") from None
 
 
 def write_json(path: str, value: Mapping[str, Any]) -> None:

@@ -143,6 +143,9 @@ def verify(root: str, patterns: Sequence[str] = ("*",), out=None) -> Totals:
             manifest = pf.read_json(manifest_path)
             corpora = manifest["corpora"]
             vocab, pairs = pf.vocab_size(manifest["vocabulary"]), manifest["records"] == "pairs"
+        except pf.PreparedError as e:  # not JSON: the message names the file
+            _report(totals, str(e), out)
+            continue
         except (ValueError, KeyError, TypeError) as e:
             _report(totals, f"{manifest_path}: not a manifest of xlm_jax.data.prepare ({e!r})",
                     out)
