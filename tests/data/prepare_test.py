@@ -248,6 +248,9 @@ def test_prepared_data_that_does_not_match_is_one_line_before_any_read(
 
     refused(damaged("half_copied", half_copied), f"pd_pairs_en_de/{pf.MANIFEST}: not valid JSON "
             "(", "a damaged or half-copied file")
+    with pytest.raises(pf.PreparedError) as e:
+        damaged("half_copied_again", half_copied)()
+    assert str(e.value).count(pf.MANIFEST) == 1, str(e.value)  # named once, not wrapped
     refused(damaged("unfinished", lambda p: os.remove(p.parent.parent / pf.MANIFEST)),
             "did not finish", "every work unit written, the manifest not")
     refused(lambda: prepared.load_task(str(tmp_path), "pd_pairs_en_de", "pairs", vocab_fp,

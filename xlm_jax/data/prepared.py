@@ -131,6 +131,8 @@ def load_task(root: str, task: str, records: str, vocabulary: str,
     try:
         manifest = pf.read_json(path)
         plan = pf.Plan.from_json(manifest)
+    except pf.PreparedError:  # not JSON: the message names the file
+        raise
     except (ValueError, KeyError, TypeError) as e:
         raise pf.PreparedError(f"{path}: not a manifest of xlm_jax.data.prepare ({e!r})") from None
     if manifest.get("format") != pf.FORMAT:
