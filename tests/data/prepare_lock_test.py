@@ -50,40 +50,38 @@ def _other_model_corpus(root: str, train_xlmr_spm) -> str:
     return root
 
 
+def _prepare(root: str, out: str) -> subprocess.Popen:
+    """A prepare run of many small units: the winner holds the lock for a while."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "xlm_jax.data.prepare", "--module", pc.MODULE, "--tasks",
+         pc.PATTERN, "--output_dir", out, "--split_bytes", "512", "--direct_num_workers=2"],
+        cwd=root, env=env(PYTHONPATH=os.pathsep.join([root, ROOT])),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def test_two_prepares_with_different_models_into_one_directory_one_is_refused_at_once(
         corpus, tmp_path, train_xlmr_spm):
-    """Issue 54, must-show 2: a real prepare run (Beam, small units so that it runs a while)
-    holds the directory; a second `prepare` with another SentencePiece model is refused while
-    the first still runs, in one line naming it; the finished directory verifies and every
-    shard was written under the first run's plan, with the first model's vocabulary."""
+    """Issue 54, must-show 2: two real prepare runs (Beam, small units so that they run a
+    while) started together into one directory, the second with another SentencePiece model:
+    whichever takes the lock first prepares, the other is refused in one line naming it while
+    it runs; the finished directory verifies and every shard was written under the winner's
+    plan, with the winner's vocabulary only."""
     other = _other_model_corpus(str(tmp_path / "other"), train_xlmr_spm)
     out = str(tmp_path / "prepared")
-    first = subprocess.Popen(
-        [sys.executable, "-m", "xlm_jax.data.prepare", "--module", pc.MODULE, "--tasks",
-         pc.PATTERN, "--output_dir", out, "--split_bytes", "1024", "--direct_num_workers=2"],
-        cwd=corpus, env=env(PYTHONPATH=os.pathsep.join([corpus, ROOT])),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
-    while time.time() < deadline and (_lock_holder(out) or {}).get("pid") != first.pid:
-        assert first.poll() is None, first.communicate()[1][-3000:]
-        time.sleep(0.05)
-    assert first.poll() is None, "the first run ended before the second could try"
-    second = pc.prepare(other, out, split_bytes=1024)
-    assert first.poll() is None, "the first run ended before the second was refused"
-    assert second.returncode == 2, second.stderr[-3000:]
-    refusal = second.stderr.strip().splitlines()[-1]
+    runs = {pc.SPM: _prepare(corpus, out), os.path.join(other, "other.model"): _prepare(other, out)}
+    done = {model: (p, *p.communicate(timeout=600)) for model, p in runs.items()}
+    winners = [m for m, (p, _, _) in done.items() if p.returncode == 0]
+    assert len(winners) == 1, {m: (p.returncode, err[-2000:]) for m, (p, _, err) in done.items()}
+    (winner,), (loser,) = winners, [m for m in done if m not in winners]
+    lost, _, err = done[loser]
+    assert lost.returncode == 2, err[-3000:]
+    refusal = err.strip().splitlines()[-1]
     assert refusal.startswith(f"prepare: {out}: another prepare is writing there (pid "
-                              f"{first.pid} on "), second.stderr[-3000:]
+                              f"{done[winner][0].pid} on "), err[-3000:]
     assert (f"tasks {pc.PATTERN}); wait for it to finish, or use another --output_dir"
             in refusal)
-    with pytest.raises(pf.PreparedError):  # the library call says the same
-        with prepare_lock.held(out, ["pd_mono"]):
-            pass
-    _, err = first.communicate(timeout=600)
-    assert first.returncode == 0, err[-3000:]
     assert not verify.verify(out, ["*"]).problems
-    ours = vocab_fingerprint(get_vocabulary(pc.SPM))
-    theirs = vocab_fingerprint(get_vocabulary(os.path.join(other, "other.model")))
+    ours, theirs = (vocab_fingerprint(get_vocabulary(m)) for m in (winner, loser))
     assert ours != theirs
     tasks = [n for n in os.listdir(out) if os.path.isdir(os.path.join(out, n))]
     assert len(tasks) == 6
@@ -93,7 +91,7 @@ def test_two_prepares_with_different_models_into_one_directory_one_is_refused_at
         digest = pf.Plan.from_json(manifest).digest
         for corpus_entry in manifest["corpora"].values():
             assert {s["plan"] for s in corpus_entry["shards"]} == {digest}
-    with prepare_lock.held(out, ["pd_mono"]):  # free again once the first run has ended
+    with prepare_lock.held(out, ["pd_mono"]):  # free again once both runs have ended
         pass
 
 

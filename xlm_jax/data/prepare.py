@@ -299,6 +299,8 @@ def _prepare(plans: Sequence[TaskPlan], split_bytes: int, beam_args: Sequence[st
             continue
         try:
             manifest = finish_task(tp)
+        except pf.PreparedError:  # shards of another preparation: nothing is finished here
+            raise
         except ValueError as e:  # an empty corpus, one not UTF-8: the other tasks go on
             refused.append(f"{tp.plan.task}: {e}")
             continue
