@@ -15,6 +15,7 @@ import pytest
 from tests.testlib import prepared_corpus as pc
 from tests.testlib import process_state
 from tests.testlib.cli_run import ROOT, env
+from xlm_jax.data import shard_index
 
 pytestmark = pytest.mark.usefixtures("seqio_isolated")
 
@@ -36,10 +37,11 @@ def damaged(tmp_path_factory):
         member = os.path.join(bad, task, task[-2:])
         for name in sorted(os.listdir(member)):
             if name.endswith(".idx"):
-                offsets = np.fromfile(os.path.join(member, name), "<i8")
+                index = np.fromfile(os.path.join(member, name), "<i8")
+                offsets = index[shard_index.HEADER_BYTES // 8:]  # after the header (a view)
                 if len(offsets) > 2:
                     offsets[1] = offsets[2] + 8
-                    offsets.tofile(os.path.join(member, name))
+                    index.tofile(os.path.join(member, name))
                     paths.append(os.path.join(member, name))
     assert paths
     return root, bad, paths

@@ -12,6 +12,7 @@ from tests.testlib import prepared_corpus as pc
 from tests.testlib import process_state
 from xlm_jax.data import pipeline_bench
 from xlm_jax.data import prepared_files as pf
+from xlm_jax.data import shard_index
 
 # seqio's registries and the prepared-data switch put back after each test: the tests
 # register tasks again over the prepared data (issue 56).
@@ -46,7 +47,8 @@ def test_one_process_of_two_reads_half_the_prepared_bytes_and_all_the_raw_ones(
     for task, member in (("pd_mono_de", "de"), ("pd_mono_fr", "fr")):
         corpora = pf.read_json(os.path.join(out, task, pf.MANIFEST))["corpora"][member]
         sizes = np.concatenate([np.diff(np.fromfile(os.path.join(
-            out, task, member, s["name"] + ".idx"), "<i8")) for s in corpora["shards"]])
+            out, task, member, s["name"] + ".idx"), "<i8", offset=shard_index.HEADER_BYTES))
+            for s in corpora["shards"]])
         share += int(sizes[1::2].sum()) + 16 * len(sizes[1::2])
     raw_files = sum(os.path.getsize(os.path.join(root, "mono", f))
                     for f in ("de.txt", "fr.txt.xz"))

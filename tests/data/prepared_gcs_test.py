@@ -11,6 +11,7 @@ a transient outage of GCS, which cannot be produced on demand here.
 from __future__ import annotations
 
 import os
+import urllib.request
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from etils import epath
 from tests.testlib import gcs_emulator
 from tests.testlib import prepared_corpus as pc
 from tests.testlib import process_state, tiny_run
-from xlm_jax.data import corpus_fs, corpus_units, remote_reads, sources
+from xlm_jax.data import corpus_fs, corpus_units, prepare_console, remote_reads, sources
 from xlm_jax.data import prepared_files as pf
 from xlm_jax.objectives.mlm import MaskedLM
 from xlm_jax.train import loop
@@ -221,3 +222,29 @@ def test_without_fsspec_the_ranges_are_read_by_threads_through_epath(gcs, corpus
     assert reader.read(ranges) == [whole[o:o + n] for _, o, n in ranges]
     assert reader.sizes(directory) == remote_reads.RemoteFiles(pf.PreparedError).sizes(directory)
     assert reader.sizes(directory)[path] == len(whole)
+
+
+def _upload_elsewhere(url: str, name: str, data: bytes) -> None:
+    """An object written by another client (the emulator's upload API), as a Beam worker's."""
+    req = urllib.request.Request(
+        f"{url}/upload/storage/v1/b/{BUCKET}/o?uploadType=media&name={name}", data=data,
+        method="POST", headers={"Content-Type": "application/octet-stream"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        r.read()
+
+
+def test_files_other_processes_wrote_after_a_listing_are_seen(gcs):
+    """gcsfs keeps directory listings: after this process listed a directory, a counts file a
+    worker wrote looked missing (a prepare on a loaded machine ended 'shard-00002-of-00009.json
+    is missing after the pipeline ran'), and the progress poll saw no new unit."""
+    directory = f"gs://{BUCKET}/listed/pd_x/de"
+    epath.Path(f"{directory}/shard-00000-of-00002.json").write_text("{}")
+    item = type("Item", (), {"directory": directory})
+    items = [item(), item()]
+    items[0].prefix, items[1].prefix = (f"{directory}/shard-0000{k}-of-00002" for k in (0, 1))
+    assert prepare_console.written_units(items) == 1  # listed: the listing is cached now
+    _upload_elsewhere(gcs, "listed/pd_x/de/shard-00001-of-00002.json", b"{}")
+    assert not pf.exists(f"{directory}/shard-00001-of-00002.json")  # the stale listing
+    assert prepare_console.written_units(items) == 2  # the poll forgets it first
+    pf.forget_listings(directory)
+    assert pf.exists(f"{directory}/shard-00001-of-00002.json")

@@ -16,11 +16,13 @@ from tests.testlib import prepared_corpus as pc
 from tests.testlib import process_state
 from tests.testlib.cli_run import ROOT, env
 from xlm_jax.data import prepared_files as pf
-from xlm_jax.data import verify
+from xlm_jax.data import shard_index, verify
 
 pytestmark = pytest.mark.usefixtures("seqio_isolated")
 
 MONO, PAIRS = "pd_mono_de", "pd_pairs_en_de"
+HEADER = shard_index.HEADER_BYTES  # the index's header (format 2), before its offsets
+IDS = "<u2"  # the demo's 8,002-id vocabulary fits uint16 ids
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,9 @@ def _shard(root, task):
 
 
 def _offsets(prefix):
-    return np.fromfile(prefix + ".idx", "<i8")
+    with open(prefix + ".idx", "rb") as f:
+        assert shard_index.parse_header(prefix, f.read(HEADER)).dtype == IDS
+        return np.frombuffer(f.read(), "<i8")
 
 
 def _poke(path, offset, value, dtype):
@@ -78,7 +82,7 @@ def test_a_clean_preparation_verifies_every_byte(prepared, capsys):
     total = 0
     for task in (MONO, PAIRS):
         for entry in json.load(open(os.path.join(prepared, task, pf.MANIFEST)))["corpora"].values():
-            total += sum(s["bytes"] + 8 * (s["records"] + 1) for s in entry["shards"])
+            total += sum(s["bytes"] + HEADER + 8 * (s["records"] + 1) for s in entry["shards"])
     assert out[0].startswith("verified 2 task(s), ")
     assert f"{total / 1e6:.1f} MB" in out[0] and out[0].endswith("all as the manifests say")
 
@@ -99,31 +103,37 @@ def _middle(prefix):
 
 def _id_overwritten(prefix, pairs):
     k, offsets = _middle(prefix)
-    _poke(prefix + ".bin", int(offsets[k]) + 4, 2147483647, "<i4")  # past a pair's length
-    return f"{prefix}.bin: record {k}: token id 2147483647 outside the vocabulary of"
+    _poke(prefix + ".bin", int(offsets[k]) + 2, 65535, IDS)  # past a pair's length
+    return f"{prefix}.bin: record {k}: token id 65535 outside the vocabulary of"
 
 
 def _index_backwards(prefix, pairs):
     k, offsets = _middle(prefix)
-    _poke(prefix + ".idx", 8 * k, int(offsets[k - 1]) - 4, "<i8")
-    return f"{prefix}.idx: record {k - 1} ends at byte {int(offsets[k - 1]) - 4}, before its start"
+    _poke(prefix + ".idx", HEADER + 8 * k, int(offsets[k - 1]) - 2, "<i8")
+    return f"{prefix}.idx: record {k - 1} ends at byte {int(offsets[k - 1]) - 2}, before its start"
 
 
 def _index_not_whole_ids(prefix, pairs):
     k, offsets = _middle(prefix)
-    _poke(prefix + ".idx", 8 * k, int(offsets[k]) + 2, "<i8")
-    return f"{prefix}.idx: record {k - 1} spans bytes {int(offsets[k - 1])}-{int(offsets[k]) + 2}"
+    _poke(prefix + ".idx", HEADER + 8 * k, int(offsets[k]) + 1, "<i8")
+    return (f"{prefix}.idx: record {k - 1} spans bytes {int(offsets[k - 1])}-"
+            f"{int(offsets[k]) + 1}, not whole uint16 ids")
 
 
 def _pair_length(prefix, pairs):
     k, offsets = _middle(prefix)
-    _poke(prefix + ".bin", int(offsets[k]), 1_000_000, "<i4")
+    _poke(prefix + ".bin", int(offsets[k]), 60_000, IDS)
     return f"{prefix}.bin: record {k}: a pair record of"
+
+
+def _header_damaged(prefix, pairs):
+    _poke(prefix + ".idx", 0, 0, "<i8")  # the magic zeroed
+    return f"{prefix}.idx: no index header (it starts with"
 
 
 # (damage, the task it is done to, whether the reader sees it in the records it reads)
 READER_FAULTS = [(_id_overwritten, MONO), (_id_overwritten, PAIRS), (_index_backwards, MONO),
-                 (_index_not_whole_ids, MONO), (_pair_length, PAIRS)]
+                 (_index_not_whole_ids, MONO), (_pair_length, PAIRS), (_header_damaged, MONO)]
 
 
 @pytest.mark.parametrize("damage,task", READER_FAULTS,
@@ -143,18 +153,18 @@ def test_a_fault_the_reader_sees_stops_it_and_verify_names_it(prepared, tmp_path
 
 
 def test_records_cut_elsewhere_and_flipped_bytes_only_verify_sees(prepared, tmp_path, capsys):
-    """An index entry moved by +4 (two records cut one id elsewhere, as the issue's 1123/784
-    read as 1124/783) and 400 changed bytes whose ids stay in the vocabulary: every record
-    still reads; the sha1s tell."""
+    """An index entry moved by one id, +2 bytes (two records cut one id elsewhere, as the
+    issue's 1123/784 read as 1124/783) and 400 changed bytes whose ids stay in the vocabulary:
+    every record still reads; the sha1s tell."""
     root = _copy(prepared, tmp_path)
     prefix, entry, vocab, pairs = _shard(root, MONO)
     k, offsets = _middle(prefix)
-    _poke(prefix + ".idx", 8 * k, int(offsets[k]) + 4, "<i8")
+    _poke(prefix + ".idx", HEADER + 8 * k, int(offsets[k]) + 2, "<i8")
     _read_all(prefix, entry, vocab, pairs)  # every record still reads
     other, entry2, vocab2, _ = _shard(root, PAIRS)
-    ids = np.fromfile(other + ".bin", "<i4")
+    ids = np.fromfile(other + ".bin", IDS)
     rng = np.random.default_rng(0)
-    at = rng.choice(np.flatnonzero(ids > 3), 100, replace=False)
+    at = rng.choice(np.flatnonzero(ids > 3), 200, replace=False)
     ids[at] = (ids[at] + 1) % vocab2  # 400 bytes changed, every id still a valid one
     ids.tofile(other + ".bin")
     _read_all(other, entry2, vocab2, True)  # the reader cannot tell

@@ -17,6 +17,7 @@ import pytest
 from xlm_jax.data import corpus_units as cu
 from xlm_jax.data import prepare
 from xlm_jax.data import prepared_files as pf
+from xlm_jax.data import shard_index, verify
 from xlm_jax.data.sources import ParallelFiles
 
 
@@ -37,7 +38,8 @@ def test_a_shard_is_written_as_its_records_come_in_bounded_memory(tmp_path):
     finally:
         tracemalloc.stop()
     blob = np.concatenate(want).astype("<i4").tobytes()
-    index = np.concatenate([[0], np.cumsum([4 * len(r) for r in want])]).astype("<i8").tobytes()
+    index = shard_index.header(4) + np.concatenate(
+        [[0], np.cumsum([4 * len(r) for r in want])]).astype("<i8").tobytes()
     with open(prefix + ".bin", "rb") as f:
         assert f.read() == blob
     with open(prefix + ".idx", "rb") as f:
@@ -58,6 +60,49 @@ def test_a_writer_that_fails_leaves_no_shard_and_no_temporary(tmp_path):
     with pytest.raises(ValueError, match="different line counts"):
         pf.write_shard(prefix, failing())
     assert os.listdir(tmp_path) == []
+
+
+def test_ids_are_uint16_where_the_vocabulary_fits_and_the_index_header_says_so(tmp_path):
+    rng = np.random.default_rng(1)
+    recs = [rng.integers(0, 8002, rng.integers(1, 40)).astype(np.int32) for _ in range(50)]
+    for vocab, dtype, width in ((8002, "<u2", 2), (250_002, "<i4", 4), (None, "<i4", 4)):
+        prefix = str(tmp_path / f"v{vocab}" / "shard-00000-of-00001")
+        os.makedirs(os.path.dirname(prefix))
+        written = pf.write_shard(prefix, recs, vocab)
+        with open(prefix + ".bin", "rb") as f:
+            assert f.read() == np.concatenate(recs).astype(dtype).tobytes()
+        with open(prefix + ".idx", "rb") as f:
+            head = f.read(16)
+        assert head == b"XLMJXIDX" + np.asarray([2, width], "<u4").tobytes()
+        shard = {"name": os.path.basename(prefix), "records": 50, "bytes": written.bytes,
+                 "sha1": written.sha1, "index_sha1": written.index_sha1}
+        reader = pf.CorpusRecords(os.path.dirname(prefix), {"shards": [shard]}, vocab_size=vocab)
+        got = reader.read(np.arange(50)[::-1])
+        assert all(g.dtype == np.int32 and np.array_equal(g, r) for g, r in zip(got, recs[::-1]))
+        assert verify.check_shard(prefix, shard, vocab, False) == (
+            None, written.bytes + 16 + 8 * 51)
+    with pytest.raises(ValueError, match=r"token id 70000 does not fit the uint16 ids of a "
+                                         r"8002-id vocabulary"):
+        pf.write_shard(str(tmp_path / "wide"), [np.asarray([5, 70000])], 8002)
+
+
+def test_format_1_shards_are_still_read_and_verified(tmp_path):
+    """A shard as format 1 wrote it (int32 ids, an index without header), built here with
+    numpy: the reader and verify take it when the manifest says format 1."""
+    recs = [np.arange(k, 3 * k + 1, dtype=np.int32) for k in range(1, 20)]
+    blob = np.concatenate(recs).astype("<i4").tobytes()
+    index = np.concatenate([[0], np.cumsum([4 * len(r) for r in recs])]).astype("<i8").tobytes()
+    prefix = tmp_path / "shard-00000-of-00001"
+    (tmp_path / "shard-00000-of-00001.bin").write_bytes(blob)
+    (tmp_path / "shard-00000-of-00001.idx").write_bytes(index)
+    shard = {"name": prefix.name, "records": len(recs), "bytes": len(blob),
+             "sha1": hashlib.sha1(blob).hexdigest(), "index_sha1": hashlib.sha1(index).hexdigest()}
+    reader = pf.CorpusRecords(str(tmp_path), {"shards": [shard]}, vocab_size=100,
+                              format_version=1)
+    assert all(np.array_equal(g, r) for g, r in zip(reader.read(np.arange(len(recs))), recs))
+    assert verify.check_shard(str(prefix), shard, 100, False, format_version=1)[0] is None
+    with pytest.raises(pf.PreparedError, match=r"\.idx: 160 bytes, but the manifest says 176"):
+        pf.CorpusRecords(str(tmp_path), {"shards": [shard]}, vocab_size=100)
 
 
 def _write(path, data: bytes) -> str:

@@ -65,7 +65,8 @@ class TaskPlan:
 
     def items(self) -> list[WorkItem]:
         return [WorkItem(os.path.join(self.directory, member), self.plan.records, self.spm_path,
-                         unit, k, len(units), self.plan.digest)
+                         unit, k, len(units), self.plan.digest,
+                         pf.vocab_size(self.plan.vocabulary))
                 for member, units in sorted(self.units.items()) for k, unit in enumerate(units)]
 
 
@@ -150,8 +151,11 @@ def check_existing(tp: TaskPlan, out=sys.stdout) -> bool:
                 "or delete that directory")
         return True
     if pf.exists(plan):
-        old = pf.Plan.from_json(pf.read_json(plan))
+        raw = pf.read_json(plan)
+        old = pf.Plan.from_json(raw)
         differs = tp.plan.differences(old)
+        if raw.get("format") != pf.FORMAT:  # its shards are of the old format
+            differs.append(f"format {raw.get('format')} vs {pf.FORMAT}")
         if differs or old.digest != tp.plan.digest:  # (its shards carry the old digest)
             why = "; ".join(differs) or "planned before corpus samples were recorded"
             print(f"{tp.directory}: an unfinished preparation of another plan ({why}) is "
@@ -290,6 +294,8 @@ def _prepare(plans: Sequence[TaskPlan], split_bytes: int, beam_args: Sequence[st
             raise WorkerFailed(f"a Beam worker failed: {_last_line(e)}; {done} of {len(items)} "
                                "work units are written and kept: fix the cause and run the "
                                "same command again to finish") from e
+    for tp in todo:  # the workers' files, written after any listing made here
+        pf.forget_listings(tp.directory)
     errors = [(item, pf.read_json(item.prefix + ".error")["error"]) for item in items
               if pf.exists(item.prefix + ".error")]
     failed = {item.directory.rsplit("/", 1)[0] for item, _ in errors}

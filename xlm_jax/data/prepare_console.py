@@ -100,6 +100,7 @@ def written_units(items: Sequence[Any]) -> int:
         by_dir[item.directory].append(item)
     done = 0
     for directory, group in by_dir.items():
+        pf.forget_listings(directory)  # what the workers wrote since the last poll
         try:
             names = set(pf.children(directory))
         except OSError:  # not created yet

@@ -56,12 +56,17 @@ def held(output_dir: str, tasks: Sequence[str]) -> Iterator[None]:
         os.close(fd)  # releases the lock; the file stays (removing it would race a waiter)
 
 
-def _holder(fd: int) -> str:
-    """Who holds the lock, from what it wrote into the file."""
-    try:
-        text = os.pread(fd, 4096, 0).decode()
-        who = json.loads(text)
-        return (f"pid {who['pid']} on {who['host']} since {who['since']}, tasks "
-                f"{','.join(who['tasks'])}")
-    except (OSError, ValueError, KeyError, TypeError):
-        return "a process that has not said which yet"
+def _holder(fd: int, tries: int = 20) -> str:
+    """Who holds the lock, from what it wrote into the file: the holder writes it just after
+    taking the lock, so a reader that came in between waits for it (up to `tries` x 50 ms)."""
+    import time  # pylint: disable=g-import-not-at-top
+
+    for attempt in range(tries):
+        try:
+            who = json.loads(os.pread(fd, 4096, 0).decode())
+            return (f"pid {who['pid']} on {who['host']} since {who['since']}, tasks "
+                    f"{','.join(who['tasks'])}")
+        except (OSError, ValueError, KeyError, TypeError):
+            if attempt < tries - 1:
+                time.sleep(0.05)
+    return "a process that has not said which yet"

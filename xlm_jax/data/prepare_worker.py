@@ -39,6 +39,7 @@ class WorkItem:
     index: int
     count: int
     plan: str = ""  # the task's `Plan.digest`, written into the unit's counts
+    vocab_size: Optional[int] = None  # ids are stored as uint16 where it fits (`shard_index`)
 
     @property
     def prefix(self) -> str:
@@ -98,7 +99,7 @@ def run_unit(item: WorkItem) -> Optional[pf.ShardCounts]:
     pf.makedirs(item.directory)
     counts, tally = ReadCounts(), {"tokens": 0, "lines": 0}
     try:
-        written = pf.write_shard(item.prefix, _records(item, counts, tally))
+        written = pf.write_shard(item.prefix, _records(item, counts, tally), item.vocab_size)
     except (ValueError, OSError) as e:
         pf.write_json(failed, {"error": f"{type(e).__name__}: {e}"})
         return None

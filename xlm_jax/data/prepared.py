@@ -97,7 +97,7 @@ class PreparedTask:
             self._records[member] = pf.CorpusRecords(
                 os.path.join(self.directory, member), self.manifest["corpora"][member],
                 vocab_size=pf.vocab_size(self.manifest["vocabulary"]),
-                records=self.manifest["records"])
+                records=self.manifest["records"], format_version=self.manifest["format"])
         return self._records[member]
 
 
@@ -135,9 +135,10 @@ def load_task(root: str, task: str, records: str, vocabulary: str,
         raise
     except (ValueError, KeyError, TypeError) as e:
         raise pf.PreparedError(f"{path}: not a manifest of xlm_jax.data.prepare ({e!r})") from None
-    if manifest.get("format") != pf.FORMAT:
+    if manifest.get("format") not in pf.READ_FORMATS:
         raise pf.PreparedError(f"{path}: format {manifest.get('format')!r}, this xlm_jax reads "
-                               f"format {pf.FORMAT}; prepare the task again")
+                               f"formats {', '.join(map(str, pf.READ_FORMATS))}; prepare the "
+                               "task again")
     wrong = [f"{what} {have!r} where the task has {want!r}" for what, have, want in (
         ("task", plan.task, task), ("records", plan.records, records),
         ("vocabulary", plan.vocabulary, vocabulary),

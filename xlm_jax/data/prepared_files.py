@@ -4,10 +4,12 @@
 
   plan.json                        what is being prepared (written first; a rerun that finds
                                    another plan refuses instead of mixing two preparations)
-  MEMBER/shard-KKKKK-of-UUUUU.bin  the records of work unit K: int32 little-endian token ids,
-                                   record after record
-  MEMBER/shard-KKKKK-of-UUUUU.idx  int64 little-endian byte offsets of the records in .bin
-                                   (records + 1 entries, the first 0, the last the .bin size)
+  MEMBER/shard-KKKKK-of-UUUUU.bin  the records of work unit K: little-endian token ids, record
+                                   after record, uint16 where the vocabulary fits, else int32
+  MEMBER/shard-KKKKK-of-UUUUU.idx  a 16-byte header (magic, format, id width:
+                                   `shard_index`), then int64 little-endian byte offsets of the
+                                   records in .bin (records + 1 entries, the first 0, the last
+                                   the .bin size)
   MEMBER/shard-KKKKK-of-UUUUU.json the unit's counts (records, tokens, bytes, sha1, lines,
                                    skipped lines), written after the two files it describes
   manifest.json                    the plan plus every shard and the corpus statistics;
@@ -40,7 +42,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from xlm_jax.data import remote_reads
+from xlm_jax.data import remote_reads, shard_index
+from xlm_jax.data.shard_index import bad_ids, bad_record, index_span_problem
 
 __all__ = ["FORMAT", "MANIFEST", "PLAN", "RECORD_TYPES", "Corpus", "Plan", "ShardCounts",
            "CorpusRecords", "PreparedError", "WrittenShard", "shard_name", "write_shard",
@@ -48,7 +51,8 @@ __all__ = ["FORMAT", "MANIFEST", "PLAN", "RECORD_TYPES", "Corpus", "Plan", "Shar
            "write_json", "exists", "vocab_size", "shard_files_problem", "index_span_problem",
            "bad_record", "bad_ids"]
 
-FORMAT = 1
+FORMAT = 2  # 2: an index header and uint16 ids where they fit (issue 54); 1: neither
+READ_FORMATS = (1, 2)  # format 1 is read for one release
 MANIFEST = "manifest.json"
 PLAN = "plan.json"
 RECORD_TYPES = ("documents", "pairs")
@@ -92,6 +96,25 @@ def open_read(path: str):
 def children(path: str) -> list[str]:
     """The names in directory `path`."""
     return [p.name for p in _epath(path).iterdir()]
+
+
+def forget_listings(path: str) -> None:
+    """Drops the directory listings the filesystem layer keeps for a remote `path` (gcsfs
+    caches them: a file another process wrote after a listing then looks missing to
+    `exists`, and a progress poll would list the old contents forever). Local paths: nothing
+    to drop."""
+    if _local(path):
+        return
+    try:
+        import fsspec  # pylint: disable=g-import-not-at-top
+
+        fs = fsspec.core.url_to_fs(path)[0]
+    except (ImportError, ValueError):  # no fsspec implementation: epath reads uncached
+        return
+    # every live instance of the filesystem's class: epath holds its own (made with other
+    # options than this one), and fsspec keeps its instances in the class's `_cache`
+    for instance in [fs, *getattr(type(fs), "_cache", {}).values()]:
+        instance.invalidate_cache()
 
 
 def is_dir(path: str) -> bool:
@@ -352,19 +375,27 @@ class _StreamedFile:
 WRITE_BUFFER = 4 << 20  # bytes of records gathered before a write (our choice)
 
 
-def write_shard(prefix: str, records: Iterable[np.ndarray]) -> WrittenShard:
+def write_shard(prefix: str, records: Iterable[np.ndarray],
+                vocab_size: Optional[int] = None) -> WrittenShard:
     """Writes `prefix.bin` and `prefix.idx` (each whole or not at all) as the records come:
     what is held at once is one `WRITE_BUFFER` of ids and 8 bytes of index per record, not
-    the shard (a 60 MB unit used to take 390 MB of memory while its shard was joined)."""
+    the shard (a 60 MB unit used to take 390 MB of memory while its shard was joined). Ids
+    are uint16 where `vocab_size` fits (`shard_index.id_bytes_for`), else int32; an id that
+    does not fit its width is a ValueError (it would wrap silently)."""
     import array  # pylint: disable=g-import-not-at-top
     import hashlib  # pylint: disable=g-import-not-at-top
 
+    lay = shard_index.Layout(shard_index.HEADER_BYTES, shard_index.id_bytes_for(vocab_size))
     offsets, total, digest = array.array("q", [0]), 0, hashlib.sha1()
     pending: list[bytes] = []
     pending_bytes = 0
     with _StreamedFile(prefix + ".bin") as f:
         for rec in records:
-            data = np.asarray(rec, dtype="<i4").tobytes()
+            rec = np.asarray(rec)
+            if lay.id_bytes == 2 and rec.size and (rec.min() < 0 or rec.max() >= 1 << 16):
+                raise ValueError(f"{prefix}.bin: token id {int(rec.max())} does not fit the "
+                                 f"uint16 ids of a {vocab_size}-id vocabulary")
+            data = rec.astype(lay.dtype).tobytes()
             pending.append(data)
             pending_bytes += len(data)
             total += len(data)
@@ -378,7 +409,8 @@ def write_shard(prefix: str, records: Iterable[np.ndarray]) -> WrittenShard:
         chunk = b"".join(pending)
         digest.update(chunk)
         f.write(chunk)
-    index = np.frombuffer(offsets, dtype=np.int64).astype("<i8").tobytes()
+    index = (shard_index.header(lay.id_bytes)
+             + np.frombuffer(offsets, dtype=np.int64).astype("<i8").tobytes())
     write_atomic(prefix + ".idx", index)
     return WrittenShard(len(offsets) - 1, total, digest.hexdigest(),
                         hashlib.sha1(index).hexdigest())
@@ -436,12 +468,13 @@ def vocab_size(fingerprint: str) -> Optional[int]:
     return int(tail) if tail.isdigit() else None
 
 
-def shard_files_problem(prefix: str, shard: Mapping[str, Any],
+def shard_files_problem(prefix: str, shard: Mapping[str, Any], header: int,
                         sizes: Optional[Mapping[str, int]] = None) -> Optional[str]:
     """Why shard `prefix`'s two files do not match its manifest entry `shard` (missing, or
-    another size), else None; what the reader checks on open and `verify` first. `sizes`
-    ({path: bytes} of the files there, from one listing) saves a query per file."""
-    for suffix, want in ((".bin", shard["bytes"]), (".idx", 8 * (shard["records"] + 1))):
+    another size; the index has `header` bytes of header), else None; what the reader checks
+    on open and `verify` first. `sizes` ({path: bytes} of the files there, from one listing)
+    saves a query per file."""
+    for suffix, want in ((".bin", shard["bytes"]), (".idx", header + 8 * (shard["records"] + 1))):
         path = prefix + suffix
         if not (exists(path) if sizes is None else path in sizes):
             return (f"{path} is missing (the manifest lists it): the prepared data is "
@@ -452,46 +485,6 @@ def shard_files_problem(prefix: str, shard: Mapping[str, Any],
             return (f"{path}: {got} bytes, but the manifest says {want} (a truncated or "
                     f"replaced {what}); prepare it again into a new directory")
     return None
-
-
-def index_span_problem(prefix: str, shard: Mapping[str, Any], first: int,
-                       last: int) -> Optional[str]:
-    """Why an index whose first and last offsets are `first` and `last` does not span its
-    shard's bytes, else None."""
-    if first != 0 or last != shard["bytes"]:
-        return (f"{prefix}.idx does not match its shard: it spans bytes {first}-{last}, "
-                f"{prefix}.bin has {shard['bytes']}")
-    return None
-
-
-def bad_record(prefix: str, k: int, start: int, end: int, shard_bytes: int) -> Optional[str]:
-    """Why index entries (`start`, `end`) cannot delimit record `k` of a shard of
-    `shard_bytes` bytes (going backwards, past the end, not whole int32 ids), else None."""
-    if start > end:
-        return f"{prefix}.idx: record {k} ends at byte {end}, before its start {start}"
-    if end > shard_bytes:
-        return f"{prefix}.idx: record {k} ends at byte {end}, past the shard's {shard_bytes}"
-    if start % 4 or end % 4:
-        return (f"{prefix}.idx: record {k} spans bytes {start}-{end}, not whole int32 ids "
-                "(offsets are multiples of 4)")
-    return None
-
-
-def bad_ids(ids: np.ndarray, vocab: Optional[int], pair: bool = False) -> Optional[str]:
-    """Why a record's token ids cannot come from a vocabulary of `vocab` ids (negative, or not
-    below it), else None. A pair's record is `[len(src), src..., tgt...]`: its first number
-    is a length, at most the ids that follow."""
-    if pair:
-        if ids.size == 0 or not 0 <= int(ids[0]) <= ids.size - 1:
-            return (f"a pair record of {ids.size} numbers whose source length is "
-                    f"{int(ids[0]) if ids.size else 'missing'}")
-        ids = ids[1:]
-    if ids.size == 0 or vocab is None:
-        return None
-    low, high = int(ids.min()), int(ids.max())
-    if low >= 0 and high < vocab:
-        return None
-    return f"token id {low if low < 0 else high} outside the vocabulary of {vocab}"
 
 
 class CorpusRecords:
@@ -509,8 +502,9 @@ class CorpusRecords:
     """
 
     def __init__(self, directory: str, entry: Mapping[str, Any], open_files: int = 32,
-                 vocab_size: Optional[int] = None, records: str = "documents") -> None:
-        self.directory = directory
+                 vocab_size: Optional[int] = None, records: str = "documents",
+                 format_version: int = FORMAT) -> None:
+        self.directory, self._format = directory, format_version
         self.vocab_size, self._pairs = vocab_size, records == "pairs"
         self._bytes = [int(s["bytes"]) for s in entry["shards"]]
         self._shards = [s["name"] for s in entry["shards"]]
@@ -528,15 +522,26 @@ class CorpusRecords:
         (on a remote filesystem: one listing and one round of reads for all shards)."""
         sizes = self._remote.sizes(self.directory) if self._remote is not None else None
         prefixes = [os.path.join(self.directory, shard["name"]) for shard in shards]
+        header = shard_index.layout(self._format).header
         for prefix, shard in zip(prefixes, shards):
-            wrong = shard_files_problem(prefix, shard, sizes)
+            wrong = shard_files_problem(prefix, shard, header, sizes)
             if wrong:
                 raise PreparedError(wrong)
-        ends = self._ranges([(prefix + ".idx", at, 8) for prefix, shard in zip(prefixes, shards)
-                             for at in (0, 8 * shard["records"])])
+        got = self._ranges([r for prefix, shard in zip(prefixes, shards) for r in (
+            (prefix + ".idx", 0, header), (prefix + ".idx", header, 8),
+            (prefix + ".idx", header + 8 * shard["records"], 8))])
+        self._layouts = []
         for i, (prefix, shard) in enumerate(zip(prefixes, shards)):
-            first, last = (int(np.frombuffer(b, "<i8")[0]) for b in ends[2 * i:2 * i + 2])
-            wrong = index_span_problem(prefix, shard, first, last)
+            head, first, last = got[3 * i:3 * i + 3]
+            try:
+                lay = (shard_index.parse_header(prefix + ".idx", head) if header
+                       else shard_index.FORMAT1)
+            except ValueError as e:
+                raise PreparedError(f"{e}; run python -m xlm_jax.data.verify on the prepared "
+                                    "directory") from None
+            self._layouts.append(lay)
+            wrong = index_span_problem(prefix, shard, int(np.frombuffer(first, "<i8")[0]),
+                                       int(np.frombuffer(last, "<i8")[0]))
             if wrong:
                 raise PreparedError(wrong)
 
@@ -553,11 +558,12 @@ class CorpusRecords:
         shards = np.searchsorted(self._starts, numbers, side="right") - 1
         where = [(os.path.join(self.directory, self._shards[shard]), shard, k) for shard, k in
                  zip(shards.tolist(), (numbers - self._starts[shards]).tolist())]
-        entries = self._ranges([(prefix + ".idx", 8 * k, 16) for prefix, _, k in where])
+        entries = self._ranges([(prefix + ".idx", self._layouts[shard].entry(k), 16)
+                                for prefix, shard, k in where])
         spans = []
         for (prefix, shard, k), entry in zip(where, entries):
             start, end = (int(x) for x in np.frombuffer(entry, "<i8"))
-            wrong = bad_record(prefix, k, start, end, self._bytes[shard])
+            wrong = bad_record(prefix, k, start, end, self._bytes[shard], self._layouts[shard])
             if wrong:
                 raise PreparedError(wrong + "; run python -m xlm_jax.data.verify on the "
                                     "prepared directory")
@@ -565,8 +571,8 @@ class CorpusRecords:
         blobs = self._ranges([(prefix + ".bin", start, end - start)
                               for (prefix, _, _), (start, end) in zip(where, spans)])
         out, nbytes = [], 0
-        for (prefix, _, k), (start, end), blob in zip(where, spans, blobs):
-            ids = np.frombuffer(blob, "<i4")
+        for (prefix, shard, k), (start, end), blob in zip(where, spans, blobs):
+            ids = np.frombuffer(blob, self._layouts[shard].dtype).astype(np.int32, copy=False)
             wrong = bad_ids(ids, self.vocab_size, self._pairs)
             if wrong:
                 raise PreparedError(f"{prefix}.bin: record {k}: {wrong} (a damaged shard, or "

@@ -2,8 +2,8 @@
 manifests, every byte, before a pod reads it.
 
 Per shard of every finished task (`manifest.json`) under DIR: both files present at the sizes
-the manifest records; the index's offsets start at 0, never go backwards, fall on whole int32
-ids and end at the shard's size; the shard's sha1 equals the manifest's; every token id lies
+the manifest records; the index's header (format 2: magic, version, id width) holds; its
+offsets start at 0, never go backwards, fall on whole ids and end at the shard's size; the shard's sha1 equals the manifest's; every token id lies
 in the vocabulary the manifest's fingerprint names (a pair record's leading source length at
 most the ids after it). A task directory without a manifest is an unfinished preparation.
 Prints one line per bad shard (the file and what is wrong) and a last line with the totals and
@@ -31,6 +31,7 @@ import numpy as np
 
 from xlm_jax import cli_help
 from xlm_jax.data import prepared_files as pf
+from xlm_jax.data import shard_index
 
 BLOCK_BYTES = 16 << 20
 
@@ -56,16 +57,22 @@ def _blocks(offsets: np.ndarray) -> Iterator[tuple[int, int]]:
 
 
 def check_shard(prefix: str, shard: dict[str, Any], vocab: Optional[int],
-                pairs: bool) -> tuple[Optional[str], int]:
+                pairs: bool, format_version: int = pf.FORMAT) -> tuple[Optional[str], int]:
     """(what is wrong with shard `prefix` against its manifest entry `shard`, or None; the
     bytes read)."""
     bin_path, idx_path = prefix + ".bin", prefix + ".idx"
-    wrong = pf.shard_files_problem(prefix, shard)  # the reader's own check on open
+    lay = shard_index.layout(format_version)
+    wrong = pf.shard_files_problem(prefix, shard, lay.header)  # the reader's check on open
     if wrong:
         return wrong, 0
-    want_idx = 8 * (shard["records"] + 1)
+    want_idx = lay.index_bytes(shard["records"])
     index = pf.read_bytes(idx_path)
-    offsets = np.frombuffer(index, "<i8")
+    if lay.header:
+        try:
+            lay = shard_index.parse_header(idx_path, index[:lay.header])
+        except ValueError as e:
+            return str(e), want_idx
+    offsets = np.frombuffer(index[lay.header:], "<i8")
     wrong = pf.index_span_problem(prefix, shard, int(offsets[0]), int(offsets[-1]))
     if wrong:
         return wrong, want_idx
@@ -73,20 +80,20 @@ def check_shard(prefix: str, shard: dict[str, Any], vocab: Optional[int],
     if (steps < 0).any():
         k = int(np.argmax(steps < 0))
         return pf.bad_record(prefix, k, int(offsets[k]), int(offsets[k + 1]),
-                             shard["bytes"]), want_idx
-    if (offsets % 4).any():
-        k = max(int(np.argmax(offsets % 4)) - 1, 0)
+                             shard["bytes"], lay), want_idx
+    if (offsets % lay.id_bytes).any():
+        k = max(int(np.argmax(offsets % lay.id_bytes)) - 1, 0)
         return pf.bad_record(prefix, k, int(offsets[k]), int(offsets[k + 1]),
-                             shard["bytes"]), want_idx
+                             shard["bytes"], lay), want_idx
     digest, problem = hashlib.sha1(), None
     with pf.open_read(bin_path) as f:
         for first, end in _blocks(offsets):
             data = f.read(int(offsets[end] - offsets[first]))
             digest.update(data)
             if problem is None:
-                problem = _check_ids(prefix, np.frombuffer(data, "<i4"),
-                                     (offsets[first:end + 1] - offsets[first]) // 4, first,
-                                     vocab, pairs)
+                problem = _check_ids(prefix, np.frombuffer(data, lay.dtype).astype(np.int32),
+                                     (offsets[first:end + 1] - offsets[first]) // lay.id_bytes,
+                                     first, vocab, pairs)
     if problem:
         return problem, want_idx + shard["bytes"]
     index_sha1 = hashlib.sha1(index).hexdigest()
@@ -154,7 +161,7 @@ def verify(root: str, patterns: Sequence[str] = ("*",), out=None) -> Totals:
             for shard in entry["shards"]:
                 totals.shards += 1
                 problem, nbytes = check_shard(os.path.join(directory, member, shard["name"]),
-                                              shard, vocab, pairs)
+                                              shard, vocab, pairs, manifest.get("format", 1))
                 totals.bytes += nbytes
                 if problem:
                     _report(totals, problem, out)
