@@ -18,6 +18,7 @@ import pytest
 from etils import epath
 
 from tests.testlib import gcs_emulator
+from tests.testlib.gcs_emulator import gcs, google_auth_logging  # noqa: F401  (fixtures)
 from tests.testlib import prepared_corpus as pc
 from tests.testlib import process_state, tiny_run
 from xlm_jax.data import corpus_fs, corpus_units, prepare_console, remote_reads, sources
@@ -31,18 +32,6 @@ BUCKET = gcs_emulator.BUCKET
 CORPUS = f"gs://{BUCKET}/corpus"
 PREPARED = f"gs://{BUCKET}/prepared"
 TASKS = "pd_mono,pd_pairs"  # every unit layout: byte ranges of text and TSV, .xz, aligned .xz
-
-
-@pytest.fixture(autouse=True)
-def _google_auth_logging(monkeypatch):
-    with gcs_emulator.google_auth_logging_kept(monkeypatch):
-        yield
-
-
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory):
-    with gcs_emulator.running(tmp_path_factory.mktemp("gcs")) as url:
-        yield url
 
 
 def _upload(local: str, remote: str) -> None:

@@ -133,3 +133,20 @@ def running(log_dir) -> Iterator[str]:
                 proc.kill()
                 proc.wait()
             log.close()
+
+
+# The fixtures of a test module that reaches the emulator: import both into it
+# (`from tests.testlib.gcs_emulator import gcs, google_auth_logging`).
+
+@pytest.fixture(autouse=True)
+def google_auth_logging(monkeypatch):
+    """Each test leaves google-auth's logging as it found it (`google_auth_logging_kept`)."""
+    with google_auth_logging_kept(monkeypatch):
+        yield
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+    """The emulator's URL (`running`), for the importing module's tests."""
+    with running(tmp_path_factory.mktemp("gcs")) as url:
+        yield url

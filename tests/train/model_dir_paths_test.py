@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from testlib import gcs_emulator
+from testlib.gcs_emulator import gcs, google_auth_logging  # noqa: F401  (fixtures)
 from testlib.tiny_run import TINY_MODEL, mlm_objectives, train_tiny
 from testlib.xla_flags import xla_flags
 from xlm_jax import model_dir as md
@@ -24,25 +25,7 @@ from xlm_jax import model_dir as md
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPM = os.path.join(ROOT, "tasks", "demo_data", "spm.model")
 BUCKET = gcs_emulator.BUCKET
-
-
-_http = gcs_emulator.http
-
-
-@pytest.fixture(autouse=True)
-def _google_auth_logging(monkeypatch):
-    with gcs_emulator.google_auth_logging_kept(monkeypatch):
-        yield
-
-
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory):
-    """The emulator's URL (tests/testlib/gcs_emulator.py), for the module's tests."""
-    with gcs_emulator.running(tmp_path_factory.mktemp("gcs")) as url:
-        yield url
-
-
-_objects = gcs_emulator.objects
+_http, _objects = gcs_emulator.http, gcs_emulator.objects
 
 
 def _tensorboard_losses(logdir: str, tmp_path) -> tuple[dict[int, float], int]:
