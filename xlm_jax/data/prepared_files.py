@@ -379,7 +379,7 @@ def write_shard(prefix: str, records: Iterable[np.ndarray],
                 vocab_size: Optional[int] = None) -> WrittenShard:
     """Writes `prefix.bin` and `prefix.idx` (each whole or not at all) as the records come:
     what is held at once is one `WRITE_BUFFER` of ids and 8 bytes of index per record, not
-    the shard (a 60 MB unit used to take 390 MB of memory while its shard was joined). Ids
+    the shard, which was held whole and then joined (docs/scaling.md has the measurement). Ids
     are uint16 where `vocab_size` fits (`shard_index.id_bytes_for`), else int32; an id that
     does not fit its width is a ValueError (it would wrap silently)."""
     import array  # pylint: disable=g-import-not-at-top
@@ -393,8 +393,9 @@ def write_shard(prefix: str, records: Iterable[np.ndarray],
         for rec in records:
             rec = np.asarray(rec)
             if lay.id_bytes == 2 and rec.size and (rec.min() < 0 or rec.max() >= 1 << 16):
-                raise ValueError(f"{prefix}.bin: token id {int(rec.max())} does not fit the "
-                                 f"uint16 ids of a {vocab_size}-id vocabulary")
+                wide = int(rec.min()) if rec.min() < 0 else int(rec.max())
+                raise ValueError(f"{prefix}.bin: token id {wide} does not fit the uint16 ids "
+                                 f"of a {vocab_size}-id vocabulary")
             data = rec.astype(lay.dtype).tobytes()
             pending.append(data)
             pending_bytes += len(data)
@@ -474,7 +475,8 @@ def shard_files_problem(prefix: str, shard: Mapping[str, Any], header: int,
     another size; the index has `header` bytes of header), else None; what the reader checks
     on open and `verify` first. `sizes` ({path: bytes} of the files there, from one listing)
     saves a query per file."""
-    for suffix, want in ((".bin", shard["bytes"]), (".idx", header + 8 * (shard["records"] + 1))):
+    index_bytes = header + 8 * (shard["records"] + 1)
+    for suffix, want in ((".bin", shard["bytes"]), (".idx", index_bytes)):
         path = prefix + suffix
         if not (exists(path) if sizes is None else path in sizes):
             return (f"{path} is missing (the manifest lists it): the prepared data is "

@@ -70,7 +70,8 @@ class RemoteFiles:
         """Each range's bytes, or the exception reading it raised."""
         fs = self._filesystem(ranges[0][0])
         if fs is not None:
-            paths = [fs._strip_protocol(p) for p, _, _ in ranges]  # pylint: disable=protected-access
+            strip = fs._strip_protocol  # pylint: disable=protected-access  (fsspec's own way)
+            paths = [strip(p) for p, _, _ in ranges]
             return list(fs.cat_ranges(paths, [o for _, o, _ in ranges],
                                       [o + n for _, o, n in ranges], on_error="return"))
         with self._lock:
@@ -84,7 +85,8 @@ class RemoteFiles:
         fs = self._filesystem(directory)
         base = directory.rstrip("/")
         if fs is not None:
-            listing = fs.ls(fs._strip_protocol(base), detail=True)  # pylint: disable=protected-access
+            strip = fs._strip_protocol  # pylint: disable=protected-access
+            listing = fs.ls(strip(base), detail=True)
             return {f"{base}/{e['name'].rstrip('/').rsplit('/', 1)[-1]}": int(e["size"])
                     for e in listing if e.get("type") == "file"}
         from etils import epath  # pylint: disable=g-import-not-at-top
