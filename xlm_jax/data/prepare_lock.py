@@ -21,6 +21,7 @@ import datetime
 import json
 import os
 import socket
+import time
 from collections.abc import Iterator, Sequence
 
 from xlm_jax.data import prepared_files as pf
@@ -59,8 +60,6 @@ def held(output_dir: str, tasks: Sequence[str]) -> Iterator[None]:
 def _holder(fd: int, tries: int = 20) -> str:
     """Who holds the lock, from what it wrote into the file: the holder writes it just after
     taking the lock, so a reader that came in between waits for it (up to `tries` x 50 ms)."""
-    import time  # pylint: disable=g-import-not-at-top
-
     for attempt in range(tries):
         try:
             who = json.loads(os.pread(fd, 4096, 0).decode())

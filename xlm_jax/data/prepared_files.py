@@ -30,6 +30,7 @@ record reads of local files bypass it, for `os.pread`.
 """
 from __future__ import annotations
 
+import array
 import dataclasses
 import hashlib
 import json
@@ -42,7 +43,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from xlm_jax.data import remote_reads, shard_index
+from xlm_jax.data import corpus_fs, remote_reads, shard_index
 from xlm_jax.data.shard_index import bad_ids, bad_record, index_span_problem
 
 __all__ = ["FORMAT", "MANIFEST", "PLAN", "RECORD_TYPES", "Corpus", "Plan", "ShardCounts",
@@ -67,7 +68,7 @@ class PreparedError(ValueError):
 
 def _local(path: str) -> bool:
     """Whether `path` is a local file, which `CorpusRecords` reads with `os.pread`."""
-    return "://" not in path
+    return not corpus_fs.is_remote(path)
 
 
 def _epath(path: str):
@@ -103,13 +104,8 @@ def forget_listings(path: str) -> None:
     caches them: a file another process wrote after a listing then looks missing to
     `exists`, and a progress poll would list the old contents forever). Local paths: nothing
     to drop."""
-    if _local(path):
-        return
-    try:
-        import fsspec  # pylint: disable=g-import-not-at-top
-
-        fs = fsspec.core.url_to_fs(path)[0]
-    except (ImportError, ValueError):  # no fsspec implementation: epath reads uncached
+    fs = None if _local(path) else remote_reads.fsspec_filesystem(path)
+    if fs is None:  # local, or no fsspec implementation: epath reads uncached
         return
     # every live instance of the filesystem's class: epath holds its own (made with other
     # options than this one), and fsspec keeps its instances in the class's `_cache`
@@ -382,10 +378,7 @@ def write_shard(prefix: str, records: Iterable[np.ndarray],
     the shard, which was held whole and then joined (docs/scaling.md has the measurement). Ids
     are uint16 where `vocab_size` fits (`shard_index.id_bytes_for`), else int32; an id that
     does not fit its width is a ValueError (it would wrap silently)."""
-    import array  # pylint: disable=g-import-not-at-top
-    import hashlib  # pylint: disable=g-import-not-at-top
-
-    lay = shard_index.Layout(shard_index.HEADER_BYTES, shard_index.id_bytes_for(vocab_size))
+    lay = shard_index.layout(FORMAT, shard_index.id_bytes_for(vocab_size))
     offsets, total, digest = array.array("q", [0]), 0, hashlib.sha1()
     pending: list[bytes] = []
     pending_bytes = 0
@@ -529,14 +522,18 @@ class CorpusRecords:
             wrong = shard_files_problem(prefix, shard, header, sizes)
             if wrong:
                 raise PreparedError(wrong)
-        got = self._ranges([r for prefix, shard in zip(prefixes, shards) for r in (
-            (prefix + ".idx", 0, header), (prefix + ".idx", header, 8),
-            (prefix + ".idx", header + 8 * shard["records"], 8))])
+        ranges = []  # per shard: its header (format 2 only), its first and last entries
+        for prefix, shard in zip(prefixes, shards):
+            if header:
+                ranges.append((prefix + ".idx", 0, header))
+            ranges += [(prefix + ".idx", header, 8),
+                       (prefix + ".idx", header + 8 * shard["records"], 8)]
+        got, per_shard = self._ranges(ranges), 3 if header else 2
         self._layouts = []
         for i, (prefix, shard) in enumerate(zip(prefixes, shards)):
-            head, first, last = got[3 * i:3 * i + 3]
+            *head, first, last = got[per_shard * i:per_shard * (i + 1)]
             try:
-                lay = (shard_index.parse_header(prefix + ".idx", head) if header
+                lay = (shard_index.parse_header(prefix + ".idx", head[0]) if header
                        else shard_index.FORMAT1)
             except ValueError as e:
                 raise PreparedError(f"{e}; run python -m xlm_jax.data.verify on the prepared "

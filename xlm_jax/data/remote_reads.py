@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
-__all__ = ["RETRIES", "BACKOFF_S", "RemoteFiles", "Range"]
+__all__ = ["RETRIES", "BACKOFF_S", "RemoteFiles", "Range", "fsspec_filesystem"]
 
 RETRIES = 4
 BACKOFF_S = 0.5
@@ -36,7 +36,7 @@ THREADS = 16  # ranges read at once where fsspec is not available (our choice)
 Range = tuple[str, int, int]  # (path, offset, length)
 
 
-def _fsspec_fs(path: str) -> Optional[Any]:
+def fsspec_filesystem(path: str) -> Optional[Any]:
     """The fsspec filesystem of `path`, or None when fsspec or the scheme's implementation
     (gcsfs for gs://) is not installed."""
     try:
@@ -63,7 +63,7 @@ class RemoteFiles:
         scheme = path.split("://", 1)[0]
         with self._lock:
             if scheme not in self._fs:
-                self._fs[scheme] = _fsspec_fs(path)
+                self._fs[scheme] = fsspec_filesystem(path)
             return self._fs[scheme]
 
     def _read_round(self, ranges: Sequence[Range]) -> list[Any]:

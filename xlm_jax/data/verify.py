@@ -5,9 +5,9 @@ Per shard of every finished task (`manifest.json`) under DIR: both files present
 the manifest records; the index's header (format 2: magic, version, id width) holds; its
 offsets start at 0, never go backwards, fall on whole ids and end at the shard's size; the
 shard's sha1 equals the manifest's; every token id lies in the vocabulary the manifest's
-fingerprint names (a pair record's leading source length at most the ids after it). A task directory without a manifest is an unfinished preparation.
-Prints one line per bad shard (the file and what is wrong) and a last line with the totals and
-the throughput; exit 0 when everything holds, 1 when something does not, 2 for a DIR that is
+fingerprint names (a pair record's leading source length at most the ids after it). A task
+directory without a manifest is an unfinished preparation. Prints one line per bad shard (the
+file and what is wrong) and a last line with the totals and the throughput; exit 0 when everything holds, 1 when something does not, 2 for a DIR that is
 not prepared data.
 
 The trainer's reader checks what is cheap on open and on every record it reads
