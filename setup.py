@@ -52,7 +52,7 @@ EXTRAS = {
         # tensorflow-datasets imports it when preparing a dataset (`tfds build`), but declares
         # it only for Python < 3.9 (xlm_jax.data.tfds_readers reads prepared datasets)
         "importlib_resources>=5.0",
-        # `python -m xlm_jax.data.prepare` runs on Beam (DirectRunner here; Dataflow, Flink,
+        # `python -m xlm_jax.data.prepared.prepare` runs on Beam (DirectRunner here; Dataflow, Flink,
         # Spark by --runner). Beam asks for protobuf < 7, and sentencepiece 0.2.3's generated
         # code refuses a protobuf runtime older than 7.36 at import (seqio imports it), so the
         # data extra keeps sentencepiece below 0.2.3 (0.2.2's code has no such check).

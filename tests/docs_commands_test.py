@@ -100,11 +100,11 @@ PLAN = (
         (("--seq_len 512", "--seq_len 64 --gin.SIZE=\"'tiny'\""),), slow=True),
     NotHere("make compile-runs", "every run file at its full size on its TPU slice: an hour"),
     Run("python -m xlm_jax.accelerator.bench --pipeline demo_mono", (), "tokens/s", slow=True),
-    NotHere("python -m xlm_jax.data.prepare --tasks demo_mono,demo_parallel",
+    NotHere("python -m xlm_jax.data.prepared.prepare --tasks demo_mono,demo_parallel",
             "Beam over the whole demo corpus (minutes); the walk-through's prepare runs it "
             "over a small corpus (tests/data/adding_a_corpus_test.py), as do "
             "tests/data/prepare_test.py and the prepared-data tests"),
-    NotHere("python -m xlm_jax.data.verify /tmp/prepared", "needs the preparation above; "
+    NotHere("python -m xlm_jax.data.prepared.verify /tmp/prepared", "needs the preparation above; "
             "tests/data/verify_test.py runs verify"),
     NotHere("python -m xlm_jax.train --gin_file=demo/mmlm_tlm.gin --model_dir=/tmp/run_p",
             "needs the preparation above; tests/train/prepared_train_test.py trains on one"),
@@ -135,7 +135,7 @@ PLAN = (
               WALK_TEST),
     Elsewhere("python -m xlm_jax.evaluation.retrieval --checkpoint run ",
               WALK_TEST),
-    Elsewhere("python -m xlm_jax.data.prepare --module my_tasks",
+    Elsewhere("python -m xlm_jax.data.prepared.prepare --module my_tasks",
               WALK_TEST),
     Elsewhere("python -m xlm_jax.train --gin_file=demo/mmlm_tlm.gin --model_dir=run_prepared",
               WALK_TEST),

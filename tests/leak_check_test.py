@@ -139,12 +139,13 @@ def test_a_logger_handler_and_level_are_compared():
                      f"({logging.INFO}, ({handler!r},), True, False)"]
 
 
-def test_the_prepared_data_switch_is_compared(tmp_path):
-    from xlm_jax.data import prepared
+def test_the_prepared_data_choice_is_compared(tmp_path):
+    from xlm_jax.data.prepared import choice
 
-    assert prepared.default_dir() is None
-    assert _leaks_of(lambda: prepared.use(str(tmp_path)), lambda: prepared.use(None)) == [
-        f"prepared data: prepared.use: None -> {str(tmp_path)!r}"]
+    scope = choice.reading(str(tmp_path))
+    assert choice._READING[0] is None
+    assert _leaks_of(scope.__enter__, lambda: scope.__exit__(None, None, None)) == [
+        f"prepared data: _READING: None -> {str(tmp_path)!r}"]
 
 
 def test_a_jax_flag_is_compared():

@@ -283,9 +283,10 @@ ALLOWED: dict[str, frozenset[str]] = {
                         "cli_help"}),
 }
 # The top: CLIs and tools, which may import any unit (cycles among them are still cycles).
-# The moved commands' old names (`cli_help.MOVED`: thin modules that run the new ones) are tools.
+# The moved commands' old names at the root (`cli_help.MOVED`: thin modules that run the new
+# ones) are tools; data's old names stay in data's layer.
 TOOLS = frozenset({"xlm_jax", "finetune", "accelerator", "league", "demo", "embed", "translate",
-                   *(old.split(".")[1] for old in MOVED)})
+                   *(old.split(".")[1] for old in MOVED if not old.startswith("xlm_jax.data."))})
 # Single module edges the table does not allow, each with its reason. Keep this short.
 EXCEPTIONS: dict[tuple[str, str], str] = {
     ("evaluation.bleu", "objectives.translation"):

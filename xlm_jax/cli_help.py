@@ -241,7 +241,22 @@ MOVED: dict[str, str] = {
     "xlm_jax.pod_memory": "xlm_jax.accelerator.pod_memory",
     "xlm_jax.compile": "xlm_jax.accelerator.compile",
     "xlm_jax.compile.run_table": "xlm_jax.accelerator.compile.run_table",
+    # 0.2 -> 0.3: preparing and reading prepared data became one subpackage (issue 54), each
+    # removed in the release after 0.3 (`REMOVED_AFTER`).
+    **{f"xlm_jax.data.{old}": f"xlm_jax.data.prepared.{new}" for old, new in (
+        ("prepare", "prepare"), ("prepare_worker", "prepare_worker"),
+        ("prepare_console", "prepare_console"), ("prepare_lock", "prepare_lock"),
+        ("verify", "verify"), ("corpus_units", "corpus_units"),
+        ("prepared_files", "shard_files"), ("shard_index", "shard_index"),
+        ("remote_reads", "remote_reads"), ("index_shuffle", "index_shuffle"))},
 }
+# The old names that are modules only, no command (each of the others runs its new command).
+MOVED_MODULES: frozenset[str] = frozenset(
+    f"xlm_jax.data.{name}" for name in ("prepare_worker", "prepare_console", "prepare_lock",
+                                        "corpus_units", "prepared_files", "shard_index",
+                                        "remote_reads", "index_shuffle"))
+# The release after which an old name goes (0.2's moves: the release after 0.2).
+REMOVED_AFTER: dict[str, str] = {old: "0.3" for old in MOVED if old.startswith("xlm_jax.data.")}
 _MOVED_LOG = logging.getLogger("xlm_jax.moved")
 _warned: set[str] = set()
 
@@ -253,14 +268,31 @@ def warn_moved(old: str, command: bool = True) -> None:
     if old in _warned:
         return
     _warned.add(old)
+    form = "`python -m {}`" if command else "`{}`"
+    _moved_log().warning("%s has moved to %s; the old name is removed in the release after %s",
+                         form.format(old), form.format(MOVED[old]),
+                         REMOVED_AFTER.get(old, "0.2"))
+
+
+def warn_deprecated(old: str, instead: str) -> None:
+    """The one WARNING (per process and name) that the function `old` is deprecated, naming
+    what replaces it; removed in the release after 0.3 (kept for one release)."""
+    if old in _warned:
+        return
+    _warned.add(old)
+    _moved_log().warning("`%s` is deprecated: use %s; the old name is removed in the release "
+                         "after 0.3", old, instead)
+
+
+def _moved_log() -> logging.Logger:
+    """The moved names' logger, with a stderr handler of its own, so that its WARNING shows
+    before a command configures logging, and does not configure logging for it."""
     if not _MOVED_LOG.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
         _MOVED_LOG.addHandler(handler)
         _MOVED_LOG.propagate = False
-    form = "`python -m {}`" if command else "`{}`"
-    _MOVED_LOG.warning("%s has moved to %s; the old name is removed in the release after 0.2",
-                       form.format(old), form.format(MOVED[old]))
+    return _MOVED_LOG
 
 
 def run_moved(old: str) -> None:

@@ -51,7 +51,7 @@ def test_the_walkthrough_runs_from_outside_the_repository(tmp_path):
         f.write(module)
     assert [shlex.split(c)[2] for c in commands] == [
         "xlm_jax.data.train_spm", "xlm_jax.data.inspect", "xlm_jax.train",
-        "xlm_jax.evaluation.retrieval", "xlm_jax.evaluation.retrieval", "xlm_jax.data.prepare",
+        "xlm_jax.evaluation.retrieval", "xlm_jax.evaluation.retrieval", "xlm_jax.data.prepared.prepare",
         "xlm_jax.train", "xlm_jax.convert"]
     outputs = {}
     for command in commands:
@@ -66,7 +66,7 @@ def test_the_walkthrough_runs_from_outside_the_repository(tmp_path):
         outputs.setdefault(args[2], []).append(r.stdout)
     assert "my_mono_de" in outputs["xlm_jax.data.inspect"][0]
     assert all("done: 2 steps" in out for out in outputs["xlm_jax.train"])
-    prepared = outputs["xlm_jax.data.prepare"][0]
+    prepared = outputs["xlm_jax.data.prepared.prepare"][0]
     counted = {}  # what the raw registrations counted (the stats files beside the data)
     for sub in ("mono", "parallel"):
         entries = json.load(open(os.path.join(root, sub, "xlm_jax_stats.json")))["entries"]

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from xlm_jax.data import corpus_fs
-from xlm_jax.data import corpus_units as cu
+from xlm_jax.data.prepared import corpus_units as cu
 from xlm_jax.data import sources
 
 WORDS = ["a", "word", "é", "中文", "naïve", "x1", "über", "Ω"]
@@ -271,7 +271,7 @@ def test_the_module_imports_no_heavy_library():
                             "xlm_jax.data.corpus_fs"}, _imports(cu)
     # the filesystem layer: the standard library at import; etils only for a remote path
     assert _imports(corpus_fs) <= {"__future__", "io", "os", "posixpath", "typing"}
-    code = ("import sys, xlm_jax.data.corpus_units; "
+    code = ("import sys, xlm_jax.data.prepared.corpus_units; "
             "print(sorted(m for m in ('tensorflow', 'seqio', 'jax', 'etils') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -1,5 +1,5 @@
 """The per-epoch permutation of prepared corpora (`data/index_shuffle.py`) and the shard
-reader's file handling (`data/prepared_files.py`), against numpy references."""
+reader's file handling (`data/prepared/shard_files.py`), against numpy references."""
 from __future__ import annotations
 
 import os
@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from xlm_jax.data import prepared_files as pf
-from xlm_jax.data.index_shuffle import IndexShuffle
+from xlm_jax.data.prepared import shard_files as pf
+from xlm_jax.data.prepared.index_shuffle import IndexShuffle
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 16, 17, 100, 255, 256, 257, 1000, 4097])

@@ -15,7 +15,7 @@ import pytest
 from tests.testlib import prepared_corpus as pc
 from tests.testlib import process_state
 from tests.testlib.cli_run import ROOT, env
-from xlm_jax.data import shard_index
+from xlm_jax.data.prepared import shard_index
 
 pytestmark = pytest.mark.usefixtures("seqio_isolated")
 
@@ -59,7 +59,7 @@ def _one_line(r, paths):
     assert lines[0].startswith("error: PreparedError: "), lines
     assert any(lines[0].startswith(f"error: PreparedError: {p}: record 1 ends at byte ")
                for p in paths), lines
-    assert "xlm_jax.data.verify" in lines[0]
+    assert "xlm_jax.data.prepared.verify" in lines[0]
 
 
 def test_bench_pipeline_exits_with_one_line_naming_the_index(damaged):
@@ -85,7 +85,7 @@ def test_the_original_exception_is_read_out_of_tensorflows_error():
     exception: its type and message, not TensorFlow's; other errors are not unwrapped."""
     tf = pytest.importorskip("tensorflow")
     from xlm_jax import cli_help
-    from xlm_jax.data.prepared_files import PreparedError
+    from xlm_jax.data.prepared.shard_files import PreparedError
 
     def read(i):
         if i == 3:

@@ -7,9 +7,9 @@ import subprocess
 import sys
 import time
 
-from xlm_jax.data import prepare_console
-from xlm_jax.data.corpus_units import Unit
-from xlm_jax.data.prepare_worker import WorkItem
+from xlm_jax.data.prepared import prepare_console
+from xlm_jax.data.prepared.corpus_units import Unit
+from xlm_jax.data.prepared.prepare_worker import WorkItem
 
 # The lines a DirectRunner worker of Beam 2.x printed at start (copied from a run of prepare).
 BEAM_NOTES = [

@@ -1,4 +1,4 @@
-"""`python -m xlm_jax.data.prepare` killed (SIGKILL, the whole process group: the driver and
+"""`python -m xlm_jax.data.prepared.prepare` killed (SIGKILL, the whole process group: the driver and
 its Beam workers) while its workers write, then run again: it completes, and every file it
 leaves is byte for byte what an uninterrupted preparation writes."""
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_prepare_killed_mid_way_and_rerun_writes_what_an_uninterrupted_run_write
     pc.prepare_here(root, reference, pattern="pd_mono", split_bytes=split)
 
     out = str(tmp_path / "prepared")
-    args = [sys.executable, "-m", "xlm_jax.data.prepare", "--module", pc.MODULE, "--tasks",
+    args = [sys.executable, "-m", "xlm_jax.data.prepared.prepare", "--module", pc.MODULE, "--tasks",
             "pd_mono", "--output_dir", out, "--split_bytes", str(split),
             "--direct_num_workers=2"]
     run_env = env(PYTHONPATH=os.pathsep.join([root, ROOT]))

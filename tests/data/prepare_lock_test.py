@@ -13,9 +13,9 @@ import pytest
 from tests.testlib import prepared_corpus as pc
 from tests.testlib import process_state
 from tests.testlib.cli_run import ROOT, env
-from xlm_jax.data import prepare_lock
-from xlm_jax.data import prepared_files as pf
-from xlm_jax.data import verify
+from xlm_jax.data.prepared import prepare_lock
+from xlm_jax.data.prepared import shard_files as pf
+from xlm_jax.data.prepared import verify
 from xlm_jax.data.stats_cache import vocab_fingerprint
 from xlm_jax.data.vocab import get_vocabulary
 
@@ -53,7 +53,7 @@ def _other_model_corpus(root: str, train_xlmr_spm) -> str:
 def _prepare(root: str, out: str) -> subprocess.Popen:
     """A prepare run of many small units: the winner holds the lock for a while."""
     return subprocess.Popen(
-        [sys.executable, "-m", "xlm_jax.data.prepare", "--module", pc.MODULE, "--tasks",
+        [sys.executable, "-m", "xlm_jax.data.prepared.prepare", "--module", pc.MODULE, "--tasks",
          pc.PATTERN, "--output_dir", out, "--split_bytes", "512", "--direct_num_workers=2"],
         cwd=root, env=env(PYTHONPATH=os.pathsep.join([root, ROOT])),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -135,7 +135,7 @@ def test_a_manifest_is_not_written_over_shards_of_another_plan(corpus, tmp_path)
 def test_a_flag_neither_ours_nor_beams_is_refused_before_anything_is_written(tmp_path, capsys):
     """`--splitbytes` was passed to Beam, which logged "Discarding unparseable args" and went
     on: the preparation ran with the default unit size, exit 0 (issue 54)."""
-    from xlm_jax.data import prepare
+    from xlm_jax.data.prepared import prepare
 
     out = tmp_path / "prepared"
     with pytest.raises(SystemExit) as e:
@@ -143,7 +143,7 @@ def test_a_flag_neither_ours_nor_beams_is_refused_before_anything_is_written(tmp
                       "--direct_num_workers=2"])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "python -m xlm_jax.data.prepare: error: --splitbytes is neither a flag of prepare nor a "
+        "python -m xlm_jax.data.prepared.prepare: error: --splitbytes is neither a flag of prepare nor a "
         "Beam pipeline option; did you mean --split_bytes? (--help lists every flag)"]
     assert not out.exists()
     # Beam's own options pass, in both spellings

@@ -1,4 +1,4 @@
-"""`python -m xlm_jax.data.prepare` on Beam's DirectRunner (2 worker processes) over the demo's
+"""`python -m xlm_jax.data.prepared.prepare` on Beam's DirectRunner (2 worker processes) over the demo's
 text, and the prepared tasks compared with the raw ones they replace.
 
 The reference is the raw path itself (the registry's python readers and TF tokenizer), which
@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import collections
 import importlib
+import logging
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -17,9 +19,11 @@ import seqio
 
 from tests.testlib import prepared_corpus as pc
 from tests.testlib import process_state
+from xlm_jax import cli_help
 from xlm_jax.data import converters, prepared, registry
-from xlm_jax.data import prepare as prepare_lib
-from xlm_jax.data import prepared_files as pf
+from xlm_jax.data.prepared import choice
+from xlm_jax.data.prepared import prepare as prepare_lib
+from xlm_jax.data.prepared import shard_files as pf
 from xlm_jax.data.vocab import get_vocabulary
 
 # seqio's registries and the prepared-data switch put back after each test: the tests
@@ -41,14 +45,21 @@ def corpus(tmp_path_factory):
         yield root, out, r
 
 
-def _module(root: str | None):
-    """`prep_tasks` registered over `root` (a prepared directory) or the raw files (None)."""
-    prepared.use(root)
-    try:
-        module = importlib.import_module(pc.MODULE)
-        return importlib.reload(module)
-    finally:
-        prepared.use(None)
+PROVIDERS = ["pd_mono", "pd_veco", "pd_pairs", "pd_mixup"]
+
+
+def _select(root: str | None):
+    """`prep_tasks` (imported if it was not) with its tasks reading `root` (a prepared
+    directory) or the raw files (None), chosen as a run chooses (`registry.select_prepared`)."""
+    module = importlib.import_module(pc.MODULE)
+    registry.select_prepared(PROVIDERS, root)
+    return module
+
+
+def _rates() -> dict[str, dict[str, float]]:
+    """Every provider's rates: a mixture's members, or a mixup task's corpora."""
+    return {name: registry.mixture_rates(name) if name != "pd_mixup" else
+            registry.get_provider(name).xlm_jax_definition["rates"] for name in PROVIDERS}
 
 
 def _examples(name: str, length: int = pc.LENGTH, limit: int = 400) -> list[tuple]:
@@ -70,7 +81,7 @@ def test_prepared_tasks_give_the_raw_tasks_examples_and_counts(corpus):
     # each although two tasks read each of them (write_shard_test has the words)
     warned = run.stderr.splitlines()
     assert len(warned) == 2, run.stderr[-3000:]
-    prefix = "WARNING:xlm_jax.data.prepare:"
+    prefix = "WARNING:xlm_jax.data.prepared.prepare:"
     assert all(line.startswith(prefix) for line in warned), warned
     assert sorted(line[len(prefix):].split(" (")[0] for line in warned) == sorted([
         os.path.join(root, "mono", "fr.txt.xz"),
@@ -80,11 +91,11 @@ def test_prepared_tasks_give_the_raw_tasks_examples_and_counts(corpus):
     assert "work units of 6 tasks on Beam" in stdout
     manifest = pf.read_json(os.path.join(out, "pd_mono_de", pf.MANIFEST))
     assert len(manifest["corpora"]["de"]["shards"]) > 4  # the plain file was cut into units
-    raw_module = _module(None)
+    module = _select(None)
     raw = {t: _examples(t) for t in TASKS}
     raw_short = {t: _examples(t, 32) for t in ("pd_mono_de", "pd_pairs_en_fr")}
-    raw_regs = raw_module.REGISTRATIONS
-    prep_module = _module(out)
+    raw_rates = _rates()
+    assert _select(out) is module
     for name in TASKS:
         assert registry.prepared_root(seqio.TaskRegistry.get(name)) == out
         got = _examples(name)
@@ -92,9 +103,57 @@ def test_prepared_tasks_give_the_raw_tasks_examples_and_counts(corpus):
     # one preparation serves every sequence length: it holds documents and pairs, not rows
     for name, want in raw_short.items():
         assert _examples(name, 32) == want
-    for prefix, reg in prep_module.REGISTRATIONS.items():
-        assert reg.stats == raw_regs[prefix].stats, prefix  # counted by prepare, not here
-        assert reg.rates == raw_regs[prefix].rates, prefix
+    assert _rates() == raw_rates  # from the counts prepare wrote: no host counts a corpus
+
+
+def test_the_data_is_chosen_where_datasets_are_built_not_before_the_import(corpus):
+    """The module is imported once, reading its raw files; a run on the prepared data, then
+    one on the raw files again, choose theirs afterwards: the registration calls run again
+    (`choice.Recipe`), the module is neither reloaded nor imported again, and nothing is
+    left set for later registrations."""
+    root, out, _ = corpus
+    module = _select(None)
+    registrations = module.REGISTRATIONS  # a reload would make a new dict
+    before = {t: seqio.TaskRegistry.get(t) for t in TASKS}
+    assert all(registry.prepared_root(task) is None for task in before.values())
+    registry.select_prepared(["pd_mono", "pd_pairs_en_de"], out)
+    assert {t for t in TASKS if registry.prepared_root(seqio.TaskRegistry.get(t)) == out} == {
+        "pd_mono_de", "pd_mono_fr", "pd_pairs_en_de", "pd_pairs_en_fr"}  # a call's tasks
+    assert registry.prepared_root(seqio.TaskRegistry.get("pd_veco_de")) is None  # not asked
+    unchanged = seqio.TaskRegistry.get("pd_mono_de")
+    registry.select_prepared(["pd_mono"], out)  # already reads it: nothing registered again
+    assert seqio.TaskRegistry.get("pd_mono_de") is unchanged
+    registry.select_prepared(PROVIDERS, None)
+    assert all(registry.prepared_root(seqio.TaskRegistry.get(t)) is None for t in TASKS)
+    assert {t: seqio.TaskRegistry.get(t).xlm_jax_definition for t in TASKS} == {
+        t: task.xlm_jax_definition for t, task in before.items()}
+    assert importlib.import_module(pc.MODULE).REGISTRATIONS is registrations
+    assert [cell[0] for cell in (choice._READING, choice._DEFAULT)] == [None, None]
+    # a registration that names its own prepared_dir keeps it whatever a run chooses
+    registry.register_monolingual("pd_mono", os.path.join(root, "mono"), ["de", "fr"], pc.SPM,
+                                  sequence_length=pc.LENGTH, shuffle_buffer_size=16,
+                                  prepared_dir=out)
+    own = seqio.TaskRegistry.get("pd_mono_de")
+    registry.select_prepared(["pd_mono"], None)
+    assert seqio.TaskRegistry.get("pd_mono_de") is own and registry.prepared_root(own) == out
+
+
+def test_a_host_with_only_the_prepared_data_imports_its_task_module(corpus, tmp_path):
+    """No corpus files on this host: the module's registrations would fail over raw files;
+    imported for a run on the prepared data (`registry.import_tasks`, as the trainer imports
+    its task modules) they read the prepared data."""
+    _, out, _ = corpus
+    (tmp_path / "host_tasks.py").write_text(pc.TASK_MODULE.format(spm=pc.SPM, length=pc.LENGTH))
+    with pc.on_path(str(tmp_path)):  # beside it: no mono/ and no parallel/ directory
+        with pytest.raises(FileNotFoundError, match="mono"):
+            importlib.import_module("host_tasks")
+        sys.modules.pop("host_tasks", None)
+        try:
+            registry.import_tasks("host_tasks", out, ["pd_mono"])
+            assert all(registry.prepared_root(seqio.TaskRegistry.get(t)) == out for t in TASKS)
+            assert _examples("pd_mono_fr")
+        finally:
+            sys.modules.pop("host_tasks", None)
 
 
 def test_prepared_tasks_need_no_raw_files(corpus, tmp_path):
@@ -347,7 +406,7 @@ def test_skipped_lines_are_warned_and_a_refused_corpus_keeps_the_other_tasks(tmp
 
 def test_prepare_is_refused_for_tasks_it_cannot_read(corpus):
     root, out, _ = corpus
-    _module(out)  # prepared tasks hold no corpus files to read
+    _select(out)  # prepared tasks hold no corpus files to read
     with pytest.raises(ValueError, match="has no corpus files to prepare"):
         prepare_lib.plan_task(seqio.TaskRegistry.get("pd_mono_de"), out, 1 << 20)
     with pytest.raises(ValueError, match="names no registered task"):
@@ -360,7 +419,7 @@ def test_a_language_in_parts_is_read_in_order_and_prepared_file_by_file(tmp_path
     import io
     import lzma
 
-    from xlm_jax.data.prepare_worker import run_unit
+    from xlm_jax.data.prepared.prepare_worker import run_unit
 
     docs = pc._text(os.path.join(pc.DEMO, "mono", "de.txt.xz")).split("\n\n")
     parts = tmp_path / "mono" / "de"
@@ -381,7 +440,7 @@ def test_a_language_in_parts_is_read_in_order_and_prepared_file_by_file(tmp_path
                                           pc.SPM, sequence_length=pc.LENGTH)
     assert raw.stats["de"].examples == whole.stats["de"].examples  # no document lost or split
     out = str(tmp_path / "prepared")
-    with registry.preparing():
+    with choice.preparing():
         register()
     prepare_lib.prepare(["parts_de"], out, split_bytes=16384, out=io.StringIO(),
                         run_units=lambda items, _: [run_unit(i) for i in items])
@@ -390,3 +449,37 @@ def test_a_language_in_parts_is_read_in_order_and_prepared_file_by_file(tmp_path
     assert len(manifest["shards"]) > 3  # the plain parts cut further, the .xz one unit
     assert register(prepared_dir=out).stats == raw.stats
     assert _examples("parts_de") == want
+
+
+def test_0_2_s_names_still_work_for_one_release_with_a_warning(corpus, monkeypatch):
+    """`prepared.use` (the process-wide switch) and the old module paths, each with one
+    WARNING naming what replaces it (`cli_help.MOVED`; the old commands: cli_table_test)."""
+    _, out, _ = corpus
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    monkeypatch.setattr(cli_help, "_warned", set())
+    logging.getLogger("xlm_jax.moved").addHandler(handler)
+    try:
+        prepared.use(out)
+        try:  # no corpus files here: only the switch makes this registration work
+            registry.register_monolingual("pd_mono", "/nowhere", ["de", "fr"], pc.SPM,
+                                          sequence_length=pc.LENGTH, shuffle_buffer_size=16)
+        finally:
+            prepared.use(None)
+        from xlm_jax.data.prepared_files import CorpusRecords  # noqa: the old path
+        from xlm_jax.data import verify as old_verify
+        old_main = old_verify.main
+    finally:
+        logging.getLogger("xlm_jax.moved").removeHandler(handler)
+    assert registry.prepared_root(seqio.TaskRegistry.get("pd_mono_fr")) == out
+    assert CorpusRecords is pf.CorpusRecords
+    from xlm_jax.data.prepared import verify
+    assert old_main is verify.main
+    assert [r.getMessage() for r in records] == [
+        "`xlm_jax.data.prepared.use` is deprecated: use loop.train.prepared_data or "
+        "registry.select_prepared; the old name is removed in the release after 0.3",
+        "`xlm_jax.data.prepared_files` has moved to `xlm_jax.data.prepared.shard_files`; the "
+        "old name is removed in the release after 0.3",
+        "`xlm_jax.data.verify` has moved to `xlm_jax.data.prepared.verify`; the old name is "
+        "removed in the release after 0.3"]

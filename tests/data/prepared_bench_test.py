@@ -11,8 +11,8 @@ import pytest
 from tests.testlib import prepared_corpus as pc
 from tests.testlib import process_state
 from xlm_jax.data import pipeline_bench
-from xlm_jax.data import prepared_files as pf
-from xlm_jax.data import shard_index
+from xlm_jax.data.prepared import shard_files as pf
+from xlm_jax.data.prepared import shard_index
 
 # seqio's registries and the prepared-data switch put back after each test: the tests
 # register tasks again over the prepared data (issue 56).

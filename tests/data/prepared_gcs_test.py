@@ -1,6 +1,6 @@
 """Corpora and prepared data on `gs://` (issue 54, Build 5 and must-show 4), against the GCS
 emulator (tests/testlib/gcs_emulator.py): a corpus in a bucket, prepared by
-`python -m xlm_jax.data.prepare` on Beam's DirectRunner (2 worker processes) into a bucket,
+`python -m xlm_jax.data.prepared.prepare` on Beam's DirectRunner (2 worker processes) into a bucket,
 read by a short training run.
 
 The references are independent of the remote path: the same corpus prepared from a local disk
@@ -21,8 +21,9 @@ from tests.testlib import gcs_emulator
 from tests.testlib.gcs_emulator import gcs, google_auth_logging  # noqa: F401  (fixtures)
 from tests.testlib import prepared_corpus as pc
 from tests.testlib import process_state, tiny_run
-from xlm_jax.data import corpus_fs, corpus_units, prepare_console, remote_reads, sources
-from xlm_jax.data import prepared_files as pf
+from xlm_jax.data import corpus_fs, sources
+from xlm_jax.data.prepared import corpus_units, prepare_console, remote_reads
+from xlm_jax.data.prepared import shard_files as pf
 from xlm_jax.objectives.mlm import MaskedLM
 from xlm_jax.train import loop
 
@@ -115,7 +116,7 @@ def test_a_corpus_in_a_bucket_prepares_into_a_bucket_as_on_a_local_disk(gcs, cor
     # objects are written in place (no rename, no copy-and-delete to log about): on stderr
     # only the two inputs one worker reads whole (as on a local disk: prepare_test)
     warned = r.stderr.splitlines()
-    assert len(warned) == 2 and all(line.startswith(f"WARNING:xlm_jax.data.prepare:{CORPUS}/") and "is read by one worker"
+    assert len(warned) == 2 and all(line.startswith(f"WARNING:xlm_jax.data.prepared.prepare:{CORPUS}/") and "is read by one worker"
                                     in line for line in warned), r.stderr[-3000:]
     here = pc.tree(os.path.join(local, "prepared"))
     there = _remote_tree(gcs, "prepared")

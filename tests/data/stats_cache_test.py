@@ -23,7 +23,7 @@ def test_a_large_file_is_announced_once_with_its_time(tmp_path, monkeypatch, cap
     seconds = size / 1e6 / stats_cache.COUNT_MB_PER_S
     assert lines == [f"counting the tokens of {tmp_path / 'de.txt'} ({size / 1e6:.0f} MB) on "
                      f"this host: about {seconds:.0f} s at {stats_cache.COUNT_MB_PER_S:.1f} MB/s, "
-                     "once (cached in the stats file); python -m xlm_jax.data.prepare counts in "
+                     "once (cached in the stats file); python -m xlm_jax.data.prepared.prepare counts in "
                      "parallel while it prepares the corpus"]
     assert reg.stats["de"].examples == 400
 

@@ -1,4 +1,4 @@
-"""Damaged prepared data is found, never trained on (issue 54): `python -m xlm_jax.data.verify`
+"""Damaged prepared data is found, never trained on (issue 54): `python -m xlm_jax.data.prepared.verify`
 names every bad shard and what is wrong, and the trainer's reader (`CorpusRecords`) stops at
 the first bad record it reads with one line naming the shard and record. The faults are the
 ones a reviewer injected into copies of prepared tasks, on a real preparation of the demo's
@@ -15,8 +15,8 @@ import pytest
 from tests.testlib import prepared_corpus as pc
 from tests.testlib import process_state
 from tests.testlib.cli_run import ROOT, env
-from xlm_jax.data import prepared_files as pf
-from xlm_jax.data import shard_index, verify
+from xlm_jax.data.prepared import shard_files as pf
+from xlm_jax.data.prepared import shard_index, verify
 
 pytestmark = pytest.mark.usefixtures("seqio_isolated")
 
@@ -89,7 +89,7 @@ def test_a_clean_preparation_verifies_every_byte(prepared, capsys):
 
 def test_the_command_runs_without_tensorflow(prepared):
     code = ("import runpy, sys; sys.argv = ['verify', sys.argv[1]]\n"
-            "try:\n    runpy.run_module('xlm_jax.data.verify', run_name='__main__')\n"
+            "try:\n    runpy.run_module('xlm_jax.data.prepared.verify', run_name='__main__')\n"
             "except SystemExit as e:\n    print('rc', e.code, 'tensorflow' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code, prepared], cwd=ROOT, env=env(),
                        capture_output=True, text=True, timeout=120)
@@ -146,7 +146,7 @@ def test_a_fault_the_reader_sees_stops_it_and_verify_names_it(prepared, tmp_path
     with pytest.raises(pf.PreparedError) as e:
         _read_all(prefix, entry, vocab, pairs)
     assert str(e.value).startswith(line) and "\n" not in str(e.value), str(e.value)
-    assert "xlm_jax.data.verify" in str(e.value)
+    assert "xlm_jax.data.prepared.verify" in str(e.value)
     code, out = _verify(root, capsys)
     assert code == 1 and out[0].startswith(line), out
     assert out[-1].endswith("1 bad")

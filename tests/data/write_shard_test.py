@@ -14,10 +14,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from xlm_jax.data import corpus_units as cu
-from xlm_jax.data import prepare
-from xlm_jax.data import prepared_files as pf
-from xlm_jax.data import shard_index, verify
+from xlm_jax.data.prepared import corpus_units as cu
+from xlm_jax.data.prepared import prepare
+from xlm_jax.data.prepared import shard_files as pf
+from xlm_jax.data.prepared import shard_index, verify
 from xlm_jax.data.sources import ParallelFiles
 
 

@@ -1,5 +1,5 @@
 """A small corpus of the demo's text, a task module registering it, and its preparation with
-`python -m xlm_jax.data.prepare` on Beam's DirectRunner (2 workers), for the prepared-data
+`python -m xlm_jax.data.prepared.prepare` on Beam's DirectRunner (2 workers), for the prepared-data
 tests.
 
 The corpus mixes the layouts `prepare` splits differently: German monolingual text as plain
@@ -73,10 +73,10 @@ def write(root: str) -> str:
 
 def prepare(root: str, output_dir: str, *extra: str, split_bytes: int = 8192,
             pattern: str = PATTERN, timeout: int = 300) -> subprocess.CompletedProcess:
-    """`python -m xlm_jax.data.prepare` over the tasks of `root/prep_tasks.py`, in `root`,
+    """`python -m xlm_jax.data.prepared.prepare` over the tasks of `root/prep_tasks.py`, in `root`,
     on the DirectRunner with 2 worker processes."""
     return subprocess.run(
-        [sys.executable, "-m", "xlm_jax.data.prepare", "--module", MODULE, "--tasks", pattern,
+        [sys.executable, "-m", "xlm_jax.data.prepared.prepare", "--module", MODULE, "--tasks", pattern,
          "--output_dir", output_dir, "--split_bytes", str(split_bytes),
          "--direct_num_workers=2", *extra],
         cwd=root, env=env(PYTHONPATH=os.pathsep.join([root, ROOT])), capture_output=True,
@@ -90,12 +90,12 @@ def prepare_here(root: str, output_dir: str, pattern: str = PATTERN,
     import importlib  # pylint: disable=g-import-not-at-top
     import io  # pylint: disable=g-import-not-at-top
 
-    from xlm_jax.data import prepare as prepare_lib  # pylint: disable=g-import-not-at-top
-    from xlm_jax.data import registry  # pylint: disable=g-import-not-at-top
-    from xlm_jax.data.prepare_worker import run_unit  # pylint: disable=g-import-not-at-top
+    from xlm_jax.data.prepared import prepare as prepare_lib  # pylint: disable=g-import-not-at-top
+    from xlm_jax.data.prepared import choice  # pylint: disable=g-import-not-at-top
+    from xlm_jax.data.prepared.prepare_worker import run_unit  # pylint: disable=g-import-not-at-top
 
     with on_path(root):
-        with registry.preparing():
+        with choice.preparing():
             importlib.reload(importlib.import_module(MODULE))
         prepare_lib.prepare([pattern], output_dir, split_bytes, out=io.StringIO(),
                             run_units=lambda items, _: [run_unit(i) for i in items])
@@ -118,8 +118,8 @@ def on_path(root: str) -> Iterator[None]:
 
 def tree(directory: str) -> dict[str, bytes]:
     """Every file under `directory` by relative path, with its bytes; not the lock file of
-    `prepare` (`xlm_jax.data.prepare_lock`: who ran last, no data)."""
-    from xlm_jax.data.prepare_lock import LOCK  # pylint: disable=g-import-not-at-top
+    `prepare` (`xlm_jax.data.prepared.prepare_lock`: who ran last, no data)."""
+    from xlm_jax.data.prepared.prepare_lock import LOCK  # pylint: disable=g-import-not-at-top
 
     out = {}
     for dirpath, _, names in os.walk(directory):

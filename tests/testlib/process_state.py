@@ -1,9 +1,9 @@
 """The process-wide state a test can leave behind, read cheaply, compared and put back.
 
 A test that changes gin's registry or configuration, seqio's registries, a jax flag, an
-environment variable, the working directory, `sys.path`, a logger or the prepared-data switch
-(`xlm_jax.data.prepared.use`) and does not undo it changes what every later test in the same
-process sees: the later test then passes or fails by the schedule (issue 56: a gin
+environment variable, the working directory, `sys.path`, a logger or the prepared-data
+choice (`xlm_jax.data.prepared.choice`: its scopes and 0.2's deprecated `use`) and does not
+undo it changes what every later test in the same process sees: the later test then passes or fails by the schedule (issue 56: a gin
 registration left by one file broke another only when both ran on one worker).
 `tests/testlib/leak_check.py` takes a `snapshot()` around every test and module and fails the
 one that changed something.
@@ -150,16 +150,17 @@ def _jax(config: Any) -> dict[Hashable, Any]:
 
 
 def _prepared() -> dict[Hashable, Any]:
-    """The switch that makes registrations read prepared data (`prepared.use`), and the one
-    that makes them read none (`registry.preparing`)."""
-    out: dict[Hashable, Any] = {}
-    prepared = sys.modules.get("xlm_jax.data.prepared")
-    if prepared is not None and hasattr(prepared, "_DEFAULT"):
-        out["prepared.use"] = prepared._DEFAULT[0]
-    registry = sys.modules.get("xlm_jax.data.registry")
-    if registry is not None and hasattr(registry, "_PREPARING"):
-        out["registry.preparing"] = registry._PREPARING[0]
-    return out
+    """What makes registrations read prepared data or none (`data.prepared.choice`): its
+    scopes (`preparing`, `selecting`, `reading`; each a context, None outside one) and the
+    deprecated process-wide default of `use`."""
+    choice = sys.modules.get("xlm_jax.data.prepared.choice")
+    if choice is None:
+        return {}
+    return {name: getattr(choice, name)[0] for name in PREPARED_CELLS}
+
+
+# `data.prepared.choice`'s state, one-element lists.
+PREPARED_CELLS = ("_PREPARING", "_SELECTING", "_READING", "_DEFAULT")
 
 
 def snapshot() -> State:
@@ -402,13 +403,9 @@ def put_back(changes: Changes) -> list[str]:
                 _put_back_process(key, old)
             elif category == "logging":
                 _put_back_logger(key, old)
-            elif category == "prepared data":
-                if key == "prepared.use":
-                    sys.modules["xlm_jax.data.prepared"]._DEFAULT[0] = (
-                        None if old is MISSING else old)
-                else:
-                    sys.modules["xlm_jax.data.registry"]._PREPARING[0] = (
-                        False if old is MISSING else old)
+            elif category == "prepared data":  # not there before: its first import's value
+                if old is not MISSING:
+                    getattr(sys.modules["xlm_jax.data.prepared.choice"], key)[0] = old
             elif category.startswith("gin"):
                 _put_back_gin(sys.modules["gin.config"], category, key, old, new)
             elif category == "seqio registries":

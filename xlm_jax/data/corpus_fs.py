@@ -3,7 +3,7 @@
 
 The corpus readers (`sources`, `corpus_units`, `stats_cache`) and the registry reach corpus
 files only through this module, so that a task registered over `gs://bucket/cc100` is read,
-planned into work units and prepared by `python -m xlm_jax.data.prepare` on the
+planned into work units and prepared by `python -m xlm_jax.data.prepared.prepare` on the
 DataflowRunner straight from the bucket (issue 54). A local path takes the plain `os` calls it
 always took (the same speed, the same errors); a remote one goes through `etils.epath`, which
 is fsspec's gcsfs on machines without TensorFlow (and where `EPATH_USE_TF=false`) and

@@ -8,9 +8,9 @@
       expected alpha-smoothed rate n^alpha / sum n^alpha.
 
 `--module` (default `xlm_jax_tasks.demo`) is imported first: it registers the tasks. Run from the
-repository root so that `tasks` is importable. `--prepared DIR` registers them over what
-`python -m xlm_jax.data.prepare` wrote in DIR (`loop.train.prepared_data`), so the tables show
-what a run on prepared data reads (its records, in its global shuffle).
+repository root so that `tasks` is importable. `--prepared DIR` has the task read what
+`python -m xlm_jax.data.prepared.prepare` wrote in DIR (`loop.train.prepared_data`), so the
+tables show what a run on prepared data reads (its records, in its global shuffle).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from xlm_jax.data.features import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ExampleKind, e
 __all__ = ["MemberFrequency", "format_example", "mixture_frequencies", "main"]
 
 
-def _import_registering_module(module: str, prepared_dir: str | None = None) -> None:
-    from xlm_jax.data import prepared  # pylint: disable=g-import-not-at-top
+def _import_registering_module(module: str, prepared_dir: str | None, name: str) -> None:
+    from xlm_jax.data import registry  # pylint: disable=g-import-not-at-top
 
     try:
-        prepared.register_from(module, prepared_dir)
+        registry.import_tasks(module, prepared_dir, [name])
     except ImportError as e:
         raise SystemExit(f"inspect: cannot import --module {module!r} ({e}); run from the "
                          "repository root or pass the module that registers your tasks") from e
@@ -164,7 +164,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "was registered with)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling")
     parser.add_argument("--prepared", default=None, metavar="DIR",
-                        help="read the tasks from this prepared directory (data.prepare)")
+                        help="read the tasks from this prepared directory (data.prepared.prepare)")
     args = parser.parse_args(argv)
     cli_help.quiet_tensorflow()
     return cli_help.run_reporting(lambda: _inspect(args))
@@ -175,14 +175,10 @@ def _inspect(args: argparse.Namespace) -> int:
     # corpus-size caches go under the user cache, never into the user's data folder
     previous = os.environ.get("XLM_JAX_STATS_DIR")
     os.environ["XLM_JAX_STATS_DIR"] = previous or os.path.join(_user_cache(), "xlm_jax", "stats")
-    from xlm_jax.data import prepared  # pylint: disable=g-import-not-at-top
-
-    before = prepared.default_dir()
-    try:
-        _import_registering_module(args.module, args.prepared)  # None: the raw files
+    try:  # None: the raw files, whatever this process read before
+        _import_registering_module(args.module, args.prepared, args.task or args.mixture)
         return _show(args)
     finally:
-        prepared.use(before)
         if previous is None:
             del os.environ["XLM_JAX_STATS_DIR"]
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from xlm_jax.data import prepared_files as pf
+from xlm_jax.data.prepared import shard_files as pf
 
 __all__ = ["BatchIterator", "IteratorNotSaveable", "ShardedBatches", "make_batch_iterator",
            "make_sharded_iterator", "position_saved", "process_shards", "STATE_SUFFIX"]

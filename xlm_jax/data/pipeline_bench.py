@@ -7,7 +7,7 @@
 (also reachable as `python -m xlm_jax.accelerator.bench --pipeline TASK`). It times
 `pipeline.make_batch_iterator` after `--warmup` batches (pipeline construction, TF start-up
 and the first file reads are excluded). `--prepared DIR` reads the tasks from what
-`python -m xlm_jax.data.prepare` wrote there (`loop.train.prepared_data`); `--num_processes
+`python -m xlm_jax.data.prepared.prepare` wrote there (`loop.train.prepared_data`); `--num_processes
 P --process_index p` reads what process p of a P-process run reads (simulated in this one
 process).
 
@@ -218,7 +218,7 @@ def main(argv: Optional[Sequence[str]] = None) -> PipelineBenchResult | EpochRea
     parser.add_argument("--module", default="xlm_jax_tasks.demo",
                         help="module that registers the task (default xlm_jax_tasks.demo)")
     parser.add_argument("--prepared", default=None,
-                        help="read the tasks from this prepared directory (data.prepare)")
+                        help="read the tasks from this prepared directory (data.prepared.prepare)")
     parser.add_argument("--num_processes", type=int, default=1,
                         help="read as one process of this many (default 1)")
     parser.add_argument("--process_index", type=int, default=0, help="which process (0-based)")
@@ -239,10 +239,10 @@ def main(argv: Optional[Sequence[str]] = None) -> PipelineBenchResult | EpochRea
         parser.error(f"--process_index {args.process_index} is not in [0, --num_processes "
                      f"{args.num_processes})")
     cli_help.quiet_tensorflow()
-    from xlm_jax.data import prepared  # pylint: disable=g-import-not-at-top
+    from xlm_jax.data import registry  # pylint: disable=g-import-not-at-top
 
-    try:  # None: the raw files, whatever this process used before
-        prepared.register_from(args.module, args.prepared)
+    try:  # None: the raw files, whatever this process read before
+        registry.import_tasks(args.module, args.prepared, [args.pipeline])
     except ImportError as e:
         raise SystemExit(f"pipeline_bench: cannot import --module {args.module!r} ({e}); run "
                          "from the repository root") from e

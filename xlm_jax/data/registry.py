@@ -17,9 +17,10 @@ name taken by a Task/Mixture that xlm_jax did not register is an error.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import functools
 import hashlib
+import importlib
 import logging
 import os
 import re
@@ -28,10 +29,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import seqio
 import tensorflow as tf
 
-from xlm_jax.data import prepared
-from xlm_jax.data import prepared_files as pf
-from xlm_jax.data import preprocessors as prep
 from xlm_jax.data import corpus_fs, sampling, sources
+from xlm_jax.data import preprocessors as prep
+from xlm_jax.data.prepared import choice, prepared_source
+from xlm_jax.data.prepared import shard_files as pf
 from xlm_jax.data.features import (EXAMPLE_KINDS, ExampleKind, default_language_list,
                                    example_kind, language_index, valid_kinds)
 from xlm_jax.data.sources import CorpusStats
@@ -49,8 +50,9 @@ __all__ = [
     "get_provider",
     "provider_kind",
     "mixture_rates",
-    "preparing",
     "prepared_root",
+    "select_prepared",
+    "import_tasks",
 ]
 
 logger = logging.getLogger(__name__)
@@ -64,8 +66,10 @@ VocabLike = Union[str, os.PathLike, seqio.Vocabulary]
 class XlmTask(seqio.Task):
     """A seqio Task that remembers its example kind (the name of its `features.ExampleKind`),
     registration definition, the language list its `lang_ids` index into and the corpus
-    files it reads (`prepared_files.Corpus`, what `data.prepare` tokenises; none when it
-    reads prepared data)."""
+    files it reads (`shard_files.Corpus`, what `data.prepared.prepare` tokenises; none when it
+    reads prepared data); `register_*` leaves its call (`xlm_jax_recipe`, `select_prepared`)."""
+
+    xlm_jax_recipe: Optional[choice.Recipe] = None
 
     def __init__(self, *args, xlm_jax_kind: str, xlm_jax_definition: Any,
                  xlm_jax_languages: Sequence[str] = (),
@@ -102,39 +106,52 @@ def _add(registry, name: str, definition: Any, add: Callable[[], Any]) -> Any:
     return add()
 
 
-_PREPARING = [False]
+def _replayable(register: Callable[..., "Registration"]) -> Callable[..., "Registration"]:
+    """`register` that leaves its call (`choice.Recipe`) on each Task it registered, so that
+    `select_prepared` can make the same call over other data (a replay leaves it again)."""
+    @functools.wraps(register)
+    def call(*args: Any, **kwargs: Any) -> Registration:
+        done = register(*args, **kwargs)
+        names = tuple(sorted(set(done.tasks.values())))
+        recipe = choice.Recipe(call, args, dict(kwargs), kwargs.get("prepared_dir"), names)
+        for name in names:
+            seqio.TaskRegistry.get(name).xlm_jax_recipe = recipe
+        return done
+
+    return call
 
 
-@contextlib.contextmanager
-def preparing():
-    """Registrations inside count nothing and read no prepared data: `data.prepare` registers
-    the raw tasks to learn their corpus files, and counts the corpora itself, in parallel.
-    Their mixture rates are placeholders (equal)."""
-    _PREPARING[0] = True
-    try:
-        yield
-    finally:
-        _PREPARING[0] = False
+def select_prepared(providers: Sequence[str], root: Optional[str]) -> None:
+    """Has the Tasks behind `providers` (task or mixture names) read `root` (what `python -m
+    xlm_jax.data.prepared.prepare` wrote) where it holds them, else (or with None) their raw
+    files: where datasets are built, as seqio's `use_cached` (`data.prepared.choice`). The
+    calls that registered them run again where what they read differs; a call's own
+    `prepared_dir` is kept."""
+    recipes = {}
+    for name in providers:
+        provider = get_provider(name)
+        for task in getattr(provider, "tasks", [provider]):
+            recipe = getattr(task, "xlm_jax_recipe", None)
+            if recipe is not None and recipe.wanted(root) != prepared_root(task):
+                recipes[id(recipe)] = recipe
+    for recipe in recipes.values():
+        recipe.replay(recipe.wanted(root))
 
 
-def _prepared_root(prepared_dir: Optional[str], task_names: Sequence[str]) -> Optional[str]:
-    """The prepared data a registration reads: its own `prepared_dir` (required), else the
-    process's (`prepared.use`) when it holds any of `task_names` (then all of them), else
-    none; never while preparing. So a task module registering several corpora can run with
-    only some prepared; a run that uses an unprepared one is stopped by the trainer
-    (`train.streams.import_modules`)."""
-    if _PREPARING[0]:
-        return None
-    if prepared_dir:
-        return prepared_dir
-    root = prepared.default_dir()
-    return root if root and any(pf.exists(os.path.join(root, t)) for t in task_names) else None
+def import_tasks(module: str, root: Optional[str], providers: Sequence[str]) -> None:
+    """Imports `module`, which registers tasks, its registrations reading `root` where it holds
+    them (a host may hold only the prepared data), then `select_prepared` of the `providers` it
+    registered: also a module imported earlier over other data. ImportError as importlib's."""
+    with choice.reading(root):
+        importlib.import_module(module)
+    known = {*seqio.MixtureRegistry.names(), *seqio.TaskRegistry.names()}
+    select_prepared([name for name in providers if name in known], root)
 
 
 def _sizes(cache: StatsCache, paths: Sequence[str], vocab: seqio.Vocabulary, what: str,
            count: Callable[[], CorpusStats]) -> Optional[CorpusStats]:
     """A raw corpus's counted stats (None while preparing: nothing is counted then)."""
-    return None if _PREPARING[0] else corpus_stats(cache, paths, vocab, what, count)
+    return None if choice.is_preparing() else corpus_stats(cache, paths, vocab, what, count)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -217,6 +234,7 @@ def _register_mixture(name: str, kind: str, tasks: dict[str, str], rates: dict[s
 
 # ----------------------------------------------------------------------------- monolingual
 
+@_replayable
 def register_monolingual(
     name_prefix: str,
     data_dir: str,
@@ -238,11 +256,12 @@ def register_monolingual(
       segments) or "split_pair" (adjacent segments x, y).
     sequence_length: segment length T used when the dataset is requested without one.
     language_list: the `lang_ids` table (`language_index`); default `default_language_list()`.
-    prepared_dir: read the tasks from what `data.prepare` wrote there (`PREPARED/TASK/`)
-      instead of the files (default: the process's, `prepared.use`; see `data.prepared`).
+    prepared_dir: read the tasks from what `data.prepared.prepare` wrote there (`PREPARED/TASK/`)
+      instead of the files, whatever a run chooses (default: what the run building the
+      datasets chooses, `select_prepared`; see `data.prepared.choice`).
     Raises: FileNotFoundError for a missing language file (naming the path and the languages
     found), ValueError for an empty file, an unknown language code or alpha <= 0,
-    `prepared_files.PreparedError` for prepared data that does not match.
+    `shard_files.PreparedError` for prepared data that does not match.
     """
     record = _check_common(name_prefix, alpha, rate_by, kind, "register_monolingual",
                            "from_documents")
@@ -258,7 +277,7 @@ def register_monolingual(
     data_dir = os.fspath(data_dir)
     cache = StatsCache(data_dir)
 
-    root = _prepared_root(prepared_dir, [f"{name_prefix}_{lang}" for lang in languages])
+    root = choice.root_for(prepared_dir, [f"{name_prefix}_{lang}" for lang in languages])
     vocab_fp = vocab_fingerprint(vocab)
     paths, stats, ready = {}, {}, {}
     for lang in languages:
@@ -266,7 +285,7 @@ def register_monolingual(
         if root:  # the raw files are optional then: a pod host may hold only the prepared data
             paths[lang] = _optional_file(lambda lang=lang: sources.find_monolingual_files(
                 data_dir, lang))
-            ready[lang] = prepared.load_task(root, name, "documents", vocab_fp,
+            ready[lang] = prepared_source.load_task(root, name, "documents", vocab_fp,
                                              {lang: paths[lang]})
             stats[lang] = ready[lang].stats(lang)
             continue
@@ -287,7 +306,7 @@ def register_monolingual(
                          prep.bind(prep.add_task_name, name=name)]
         if root:
             definition.update(prepared=root, digest=ready[lang].digest)
-            source, corpora = prepared.source(ready[lang], lang, [lang_ids[lang]]), ()
+            source, corpora = prepared_source.source(ready[lang], lang, [lang_ids[lang]]), ()
         else:
             definition.update(file=file_key(paths[lang], vocab_fp, "mono"),
                               paths=[corpus_fs.abspath(p) for p in paths[lang]])
@@ -307,12 +326,9 @@ def register_monolingual(
 
 def _buffer(source: Any, shuffle_buffer_size: int) -> Optional[int]:
     """A Task's shuffle buffer: none over a source that permutes the whole corpus itself (a
-    prepared corpus, `prepared.PreparedSource`), whose position then saves as a few integers
-    (no buffered examples, `data.pipeline`); `shuffle_buffer_size` over anything else.
-
-    Our choice, as grain reads a globally shuffled source without a buffer: the examples one
-    prepared document makes (its segments) come out one after another, not spread over a
-    buffer of other documents' examples."""
+    `PreparedSource`), whose position then saves as a few integers (`data.pipeline`);
+    `shuffle_buffer_size` over anything else. Our choice, as grain reads a globally shuffled
+    source without a buffer: a prepared document's segments come out one after another."""
     return None if getattr(source, "performs_internal_shuffling", False) else shuffle_buffer_size
 
 
@@ -400,6 +416,7 @@ def _parse_pair(pair: Union[str, Sequence[str]]) -> tuple[str, str]:
     return str(pair[0]), str(pair[1])
 
 
+@_replayable
 def register_parallel(
     name_prefix: str,
     data_dir: str,
@@ -452,7 +469,7 @@ def register_parallel(
     members = [f"{src}-{tgt}" for src, tgt in parsed]
     task_names = {m: name_prefix if record.mixes_corpora else
                   f"{name_prefix}_{m.replace('-', '_')}" for m in members}
-    root = _prepared_root(prepared_dir, sorted(set(task_names.values())))
+    root = choice.root_for(prepared_dir, sorted(set(task_names.values())))
     vocab_fp = vocab_fingerprint(vocab)
     files, stats, ready = {}, {}, {}
     for member in members:
@@ -468,7 +485,7 @@ def register_parallel(
         groups = ([(name_prefix, members)] if record.mixes_corpora
                   else [(task_names[m], [m]) for m in members])
         for name, group in groups:
-            loaded = prepared.load_task(root, name, "pairs", vocab_fp,
+            loaded = prepared_source.load_task(root, name, "pairs", vocab_fp,
                                         {m: files[m] and files[m].paths for m in group})
             for m in group:
                 ready[m], stats[m] = loaded, loaded.stats(m)
@@ -477,7 +494,7 @@ def register_parallel(
     def pair_source(member):
         ids = [lang_ids[x] for x in member.split("-")]
         if root:
-            return prepared.source(ready[member], member, ids)
+            return prepared_source.source(ready[member], member, ids)
         return sources.parallel_source(files[member], *ids,
                                        stats[member] and stats[member].examples)
 

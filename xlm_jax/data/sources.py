@@ -153,7 +153,7 @@ def pairs_in_dir(data_dir: str) -> list[str]:
 def find_monolingual_files(data_dir: str, lang: str) -> list[str]:
     """The files of language `lang` in `data_dir`: `{lang}.txt[.xz|.gz]`, or the
     `*.txt[.xz|.gz]` files of the directory `{lang}/` in name order (one corpus in parts: a
-    document never spans two files, and `data.prepare` reads the parts in parallel).
+    document never spans two files, and `data.prepared.prepare` reads the parts in parallel).
 
     Raises FileNotFoundError naming the paths tried and the languages the directory has.
     """

@@ -159,8 +159,8 @@ def _announce_count(paths: Sequence[str]) -> None:
     seconds = size / 1e6 / COUNT_MB_PER_S
     logger.warning(
         "counting the tokens of %s (%.0f MB%s) on this host: about %.0f s%s at %.1f MB/s, once "
-        "(cached in the stats file); python -m xlm_jax.data.prepare counts in parallel while "
-        "it prepares the corpus", " + ".join(paths), size / 1e6,
+        "(cached in the stats file); python -m xlm_jax.data.prepared.prepare counts in parallel "
+        "while it prepares the corpus", " + ".join(paths), size / 1e6,
         " compressed" if compressed else "", seconds, " or several times that (compressed)"
         if compressed else "", COUNT_MB_PER_S)
 

@@ -127,10 +127,10 @@ def train(model_dir: str,
     independent of the step; `xlm_jax.train.data_state`), "replay" (exact, costs the
     pipeline time of the skipped batches) or "reseed" (immediate, reseeded sampling but the
     file sources start over); see `xlm_jax.train.streams.resume_plan`.
-    `prepared_data`: a directory `python -m xlm_jax.data.prepare` wrote; the task modules then
-    register their tasks over it (same names) instead of their raw files: each process reads
-    only its share, in a global shuffle, and a restore is constant-time
-    (`xlm_jax.data.prepared`).
+    `prepared_data`: a directory `python -m xlm_jax.data.prepared.prepare` wrote; the run's
+    tasks read it (same names) instead of their raw files where it holds them, chosen when the
+    run builds its datasets (`xlm_jax.data.prepared.choice`): each process reads only its
+    share, in a global shuffle, and a restore is constant-time.
     `input_shards`: the seqio streams are read as this many input shards (`train.streams`);
     the global sequence of batches depends on it, not on the process count, so a run whose
     count is a multiple of every process count it will use resumes exactly after a change of

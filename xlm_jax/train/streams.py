@@ -119,39 +119,39 @@ def import_modules(modules: Sequence[str], prepared_data: str | None = None,
     TensorFlow, and one on seqio tasks imports it without TF's start-up noise.
 
     `prepared_data` (`loop.train.prepared_data`): the directory `python -m
-    xlm_jax.data.prepare` wrote, made the registry's default before the modules register
-    their tasks (`data.prepared.use`), so that they read it instead of their raw files; None:
-    the raw files. A module imported earlier in the process under another setting is
-    imported again (registration is idempotent); with `prepared_data` set, a `tasks` member
-    that still reads other data (its module names its own `prepared_dir`) is a ValueError
-    naming both."""
-    if prepared_data is not None or modules:
-        _data_module("prepared").use(prepared_data)
-    for attempt in range(2):
-        for name in modules:
-            try:
-                with cli_help.tensorflow_quietly():
-                    module = importlib.import_module(name)
-                    if attempt:
-                        importlib.reload(module)
-            except ModuleNotFoundError as e:
-                raise ImportError(
-                    f"loop.train.task_modules={','.join(modules)}: cannot import {name!r} ({e}; a "
-                    "task module must be importable from the working directory or PYTHONPATH)"
-                ) from e
-        roots = [(member.name, where, _data_module("registry").prepared_root(member))
-                 for member, where in _seqio_members(tasks)]
-        wrong = [row for row in roots if row[2] != prepared_data]
-        if not wrong:
-            return
-    if prepared_data is None:  # the module's own prepared_dir: its choice
+    xlm_jax.data.prepared.prepare` wrote, which the run's `tasks` read where it holds them
+    (`data.prepared.choice`): the modules are imported with their registrations reading it
+    (so a host that holds only the prepared data registers them), and the registration calls
+    behind `tasks` run again where what they read differs (`registry.select_prepared`): also
+    a module imported earlier in the process over other data. None: the raw files. With
+    `prepared_data` set, a `tasks` member that still reads other data (its module names its
+    own `prepared_dir`) is a ValueError naming both."""
+    seqio_tasks = [task for task in tasks if is_seqio(task)]
+    if not modules and not seqio_tasks:  # synthetic streams: TensorFlow is never imported
+        return
+    registry = _data_module("registry")
+    for name in modules:
+        try:
+            with cli_help.tensorflow_quietly(), registry.choice.reading(prepared_data):
+                importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            raise ImportError(
+                f"loop.train.task_modules={','.join(modules)}: cannot import {name!r} ({e}; a "
+                "task module must be importable from the working directory or PYTHONPATH)"
+            ) from e
+    registry.select_prepared(seqio_tasks, prepared_data)
+    wrong = [(member.name, where, registry.prepared_root(member))
+             for member, where in _seqio_members(tasks)]
+    wrong = [row for row in wrong if row[2] != prepared_data]
+    if not wrong or prepared_data is None:  # None: a module's own prepared_dir is its choice
         return
     name, where, root = wrong[0]
     if root is None:
         raise ValueError(f"task {where} is not prepared in loop.train.prepared_data = "
                          f"{prepared_data!r}; prepare it there first: python -m "
-                         f"xlm_jax.data.prepare --module {','.join(modules) or 'MODULE'} "
-                         f"--tasks {name} --output_dir {prepared_data}")
+                         "xlm_jax.data.prepared.prepare --module "
+                         f"{','.join(modules) or 'MODULE'} --tasks {name} --output_dir "
+                         f"{prepared_data}")
     raise ValueError(f"task {where} reads {root}, but loop.train.prepared_data = "
                      f"{prepared_data!r}: its module registers it with a prepared_dir of its "
                      "own; leave that to the run's setting")

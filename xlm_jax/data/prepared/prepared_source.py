@@ -1,14 +1,13 @@
 """Prepared tasks as seqio data sources: each process reads only its share, in a global
 shuffle, from a position that restores in constant time.
 
-`python -m xlm_jax.data.prepare` tokenises a registered task's corpora once into sharded
-random-access files (`xlm_jax.data.prepared_files`). With a prepared directory in use
-(`use(ROOT)`, which `loop.train(prepared_data=ROOT)` calls before the task modules are
-imported, or `prepared_dir=ROOT` given to `registry.register_*`), the registry registers
-each Task under its usual name with a `PreparedSource` over `ROOT/TASK/` instead of its raw
-files: the mixture rates are the counts `prepare` wrote (no host tokenises a corpus), the
-tokenising preprocessor is dropped, and everything after it (segments, pairs, packing,
-α-smoothed mixtures, the gin surface) is unchanged.
+`python -m xlm_jax.data.prepared.prepare` tokenises a registered task's corpora once into
+sharded random-access files (`shard_files`). With a prepared directory chosen (by the run,
+`loop.train(prepared_data=ROOT)`, or by the registration, `prepared_dir=ROOT`; `choice`), the
+registry registers each Task under its usual name with a `PreparedSource` over `ROOT/TASK/`
+instead of its raw files: the mixture rates are the counts `prepare` wrote (no host
+tokenises a corpus), the tokenising preprocessor is dropped, and everything after it
+(segments, pairs, packing, α-smoothed mixtures, the gin surface) is unchanged.
 
 The order a prepared corpus of N records is read in: global position g (0, 1, 2, ...) is
 record `IndexShuffle(N, (seed, g // N, salt))(g mod N)`: every epoch a new seeded permutation
@@ -26,49 +25,21 @@ one epoch in file order (for inspection and tests); with `shuffle=True` it is en
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
-import sys
 import zlib
 from collections.abc import Mapping, Sequence
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from xlm_jax.data import prepared_files as pf
-from xlm_jax.data.index_shuffle import IndexShuffle
+from xlm_jax.data.prepared import shard_files as pf
+from xlm_jax.data.prepared.index_shuffle import IndexShuffle
 from xlm_jax.data.sources import CorpusStats
 
 if TYPE_CHECKING:  # pragma: no cover
     import seqio
 
-__all__ = ["use", "default_dir", "register_from", "PreparedTask", "load_task", "record_numbers", "source"]
-
-_DEFAULT: list[Optional[str]] = [None]
-
-
-def use(root: Optional[str]) -> None:
-    """Makes `root` (a directory `prepare` wrote, or None for the raw files) the prepared
-    data every later `registry.register_*` call of this process reads by default."""
-    _DEFAULT[0] = root or None
-
-
-def default_dir() -> Optional[str]:
-    return _DEFAULT[0]
-
-
-def register_from(module: str, root: Optional[str]) -> ModuleType:
-    """Imports `module`, which registers tasks, with `root` as the prepared data they read
-    (`use`; None: the raw files); a module imported earlier in this process, perhaps over other
-    data, is imported again (registration is idempotent). An ImportError as importlib raises
-    it."""
-    use(root)
-    loaded = module in sys.modules
-    imported = importlib.import_module(module)
-    if loaded:
-        importlib.reload(imported)
-    return imported
+__all__ = ["PreparedTask", "load_task", "record_numbers", "source"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +78,7 @@ def _missing(root: str, task: str) -> str:
     plan = os.path.join(directory, pf.PLAN)
     if not pf.exists(plan):
         return (f"{directory}: task {task} is not prepared there; run python -m "
-                f"xlm_jax.data.prepare --tasks {task} --output_dir {root} first")
+                f"xlm_jax.data.prepared.prepare --tasks {task} --output_dir {root} first")
     corpora = pf.read_json(plan)["corpora"]
     units = [os.path.join(member, pf.shard_name(k, c["units"]))
              for member, c in sorted(corpora.items()) for k in range(c["units"])]
@@ -122,7 +93,7 @@ def load_task(root: str, task: str, records: str, vocabulary: str,
               raw_paths: Mapping[str, Optional[Sequence[str]]]) -> PreparedTask:
     """The prepared directory `root/task`, checked against what the registration expects:
     record type, vocabulary fingerprint, members and, where the raw files are present here,
-    their names and sizes; then every shard (`prepared_files.CorpusRecords`). Any mismatch is
+    their names and sizes; then every shard (`shard_files.CorpusRecords`). Any mismatch is
     a one-line `PreparedError` naming the directory and what differs."""
     directory = os.path.join(root, task)
     path = os.path.join(directory, pf.MANIFEST)
@@ -134,7 +105,8 @@ def load_task(root: str, task: str, records: str, vocabulary: str,
     except pf.PreparedError:  # not JSON: the message names the file
         raise
     except (ValueError, KeyError, TypeError) as e:
-        raise pf.PreparedError(f"{path}: not a manifest of xlm_jax.data.prepare ({e!r})") from None
+        raise pf.PreparedError(f"{path}: not a manifest of xlm_jax.data.prepared.prepare "
+                               f"({e!r})") from None
     if manifest.get("format") not in pf.READ_FORMATS:
         raise pf.PreparedError(f"{path}: format {manifest.get('format')!r}, this xlm_jax reads "
                                f"formats {', '.join(map(str, pf.READ_FORMATS))}; prepare the "
