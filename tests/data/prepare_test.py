@@ -129,6 +129,15 @@ def test_the_data_is_chosen_where_datasets_are_built_not_before_the_import(corpu
         t: task.xlm_jax_definition for t, task in before.items()}
     assert importlib.import_module(pc.MODULE).REGISTRATIONS is registrations
     assert [cell[0] for cell in (choice._READING, choice._DEFAULT)] == [None, None]
+    # registered while preparing (rates not counted: placeholders), as `prepare` does, then a
+    # run on the raw files in the same process: registered again, counted (a fresh clone's CI
+    # found this: another file had first imported the module inside `preparing`)
+    counted = _rates()
+    with choice.preparing():
+        importlib.reload(module)
+    assert _rates() != counted
+    registry.select_prepared(PROVIDERS, None)
+    assert _rates() == counted
     # a registration that names its own prepared_dir keeps it whatever a run chooses
     registry.register_monolingual("pd_mono", os.path.join(root, "mono"), ["de", "fr"], pc.SPM,
                                   sequence_length=pc.LENGTH, shuffle_buffer_size=16,

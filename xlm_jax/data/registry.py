@@ -113,7 +113,8 @@ def _replayable(register: Callable[..., "Registration"]) -> Callable[..., "Regis
     def call(*args: Any, **kwargs: Any) -> Registration:
         done = register(*args, **kwargs)
         names = tuple(sorted(set(done.tasks.values())))
-        recipe = choice.Recipe(call, args, dict(kwargs), kwargs.get("prepared_dir"), names)
+        recipe = choice.Recipe(call, args, dict(kwargs), kwargs.get("prepared_dir"), names,
+                               uncounted=choice.is_preparing())
         for name in names:
             seqio.TaskRegistry.get(name).xlm_jax_recipe = recipe
         return done
@@ -125,14 +126,14 @@ def select_prepared(providers: Sequence[str], root: Optional[str]) -> None:
     """Has the Tasks behind `providers` (task or mixture names) read `root` (what `python -m
     xlm_jax.data.prepared.prepare` wrote) where it holds them, else (or with None) their raw
     files: where datasets are built, as seqio's `use_cached` (`data.prepared.choice`). The
-    calls that registered them run again where what they read differs; a call's own
-    `prepared_dir` is kept."""
+    calls that registered them run again where what they read differs, or that were made
+    while preparing (uncounted); a call's own `prepared_dir` is kept."""
     recipes = {}
     for name in providers:
         provider = get_provider(name)
         for task in getattr(provider, "tasks", [provider]):
             recipe = getattr(task, "xlm_jax_recipe", None)
-            if recipe is not None and recipe.wanted(root) != prepared_root(task):
+            if recipe and (recipe.uncounted or recipe.wanted(root) != prepared_root(task)):
                 recipes[id(recipe)] = recipe
     for recipe in recipes.values():
         recipe.replay(recipe.wanted(root))

@@ -94,13 +94,15 @@ def root_for(prepared_dir: Optional[str], task_names: Sequence[str]) -> Optional
 class Recipe:
     """A `registry.register_*` call as it was made, kept on the Tasks it registered, so that a
     run can register them again over other data. `own_root`: the call's own `prepared_dir`
-    (its module's choice, which no run replaces)."""
+    (its module's choice, which no run replaces); `uncounted`: made while `preparing` (its
+    rates placeholders), so that any run registers them again."""
 
     function: Callable[..., Any]
     args: tuple
     kwargs: Mapping[str, Any]
     own_root: Optional[str]
     task_names: tuple[str, ...]
+    uncounted: bool = False
 
     def replay(self, root: Optional[str]) -> Any:
         """The same call, reading `root` (None: the raw files)."""
