@@ -3,8 +3,9 @@
 A test that changes gin's registry or configuration, seqio's registries, a jax flag, an
 environment variable, the working directory, `sys.path`, a logger or the prepared-data
 choice (`xlm_jax.data.prepared.choice`: its scopes and 0.2's deprecated `use`) and does not
-undo it changes what every later test in the same process sees: the later test then passes or fails by the schedule (issue 56: a gin
-registration left by one file broke another only when both ran on one worker).
+undo it changes what every later test in the same process sees: the later test then passes or
+fails by the schedule (issue 56: a gin registration left by one file broke another only when
+both ran on one worker).
 `tests/testlib/leak_check.py` takes a `snapshot()` around every test and module and fails the
 one that changed something.
 
