@@ -252,9 +252,8 @@ MOVED: dict[str, str] = {
 }
 # The old names that are modules only, no command (each of the others runs its new command).
 MOVED_MODULES: frozenset[str] = frozenset(
-    f"xlm_jax.data.{name}" for name in ("prepare_worker", "prepare_console", "prepare_lock",
-                                        "corpus_units", "prepared_files", "shard_index",
-                                        "remote_reads", "index_shuffle"))
+    old for old in MOVED if old.startswith("xlm_jax.data.")
+) - {"xlm_jax.data.prepare", "xlm_jax.data.verify"}
 # The release after which an old name goes (0.2's moves: the release after 0.2).
 REMOVED_AFTER: dict[str, str] = {old: "0.3" for old in MOVED if old.startswith("xlm_jax.data.")}
 _MOVED_LOG = logging.getLogger("xlm_jax.moved")

@@ -128,15 +128,17 @@ def select_prepared(providers: Sequence[str], root: Optional[str]) -> None:
     files: where datasets are built, as seqio's `use_cached` (`data.prepared.choice`). The
     calls that registered them run again where what they read differs, or that were made
     while preparing (uncounted); a call's own `prepared_dir` is kept."""
-    recipes = {}
+    recipes = {}  # id -> (recipe, what it should read, what its tasks read now)
     for name in providers:
         provider = get_provider(name)
         for task in getattr(provider, "tasks", [provider]):
             recipe = getattr(task, "xlm_jax_recipe", None)
-            if recipe and (recipe.uncounted or recipe.wanted(root) != prepared_root(task)):
-                recipes[id(recipe)] = recipe
-    for recipe in recipes.values():
-        recipe.replay(recipe.wanted(root))
+            if recipe:  # `wanted` checks the directory once per call, not once per task
+                entry = recipes.setdefault(id(recipe), (recipe, recipe.wanted(root), set()))
+                entry[2].add(prepared_root(task))
+    for recipe, wanted, now in recipes.values():
+        if recipe.uncounted or now != {wanted}:
+            recipe.replay(wanted)
 
 
 def import_tasks(module: str, root: Optional[str], providers: Sequence[str]) -> None:

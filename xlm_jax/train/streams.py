@@ -129,10 +129,10 @@ def import_modules(modules: Sequence[str], prepared_data: str | None = None,
     seqio_tasks = [task for task in tasks if is_seqio(task)]
     if not modules and not seqio_tasks:  # synthetic streams: TensorFlow is never imported
         return
-    registry = _data_module("registry")
+    registry, choice = _data_module("registry"), _data_module("prepared.choice")
     for name in modules:
         try:
-            with cli_help.tensorflow_quietly(), registry.choice.reading(prepared_data):
+            with cli_help.tensorflow_quietly(), choice.reading(prepared_data):
                 importlib.import_module(name)
         except ModuleNotFoundError as e:
             raise ImportError(

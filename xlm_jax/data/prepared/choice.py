@@ -86,7 +86,11 @@ def root_for(prepared_dir: Optional[str], task_names: Sequence[str]) -> Optional
         return prepared_dir
     if _SELECTING[0] is not _UNSET:
         return _SELECTING[0]
-    root = _READING[0] or _DEFAULT[0]
+    return _holding(_READING[0] or _DEFAULT[0], task_names)
+
+
+def _holding(root: Optional[str], task_names: Sequence[str]) -> Optional[str]:
+    """`root` when it holds any of `task_names` (then all of them are read from it), else None."""
     return root if root and any(pf.exists(os.path.join(root, t)) for t in task_names) else None
 
 
@@ -112,10 +116,7 @@ class Recipe:
     def wanted(self, root: Optional[str]) -> Optional[str]:
         """What a run choosing `root` has these tasks read: `root` where it holds any of them
         (as `reading`), else the raw files; always the call's own prepared_dir if it gave one."""
-        if self.own_root:
-            return self.own_root
-        return root if root and any(pf.exists(os.path.join(root, t))
-                                    for t in self.task_names) else None
+        return self.own_root or _holding(root, self.task_names)
 
 
 # ------------------------------------------------------------------- deprecated (0.2's names)
@@ -141,7 +142,7 @@ def register_from(module: str, root: Optional[str]) -> ModuleType:
     registrations reading `root` where it holds them. Use `registry.import_tasks`."""
     _deprecated("register_from", "registry.import_tasks")
     loaded = module in sys.modules
-    with reading(root), selecting(None) if not root else contextlib.nullcontext():
+    with reading(root) if root else selecting(None):
         imported = importlib.import_module(module)
         if loaded:
             importlib.reload(imported)

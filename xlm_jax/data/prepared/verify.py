@@ -7,7 +7,8 @@ offsets start at 0, never go backwards, fall on whole ids and end at the shard's
 shard's sha1 equals the manifest's; every token id lies in the vocabulary the manifest's
 fingerprint names (a pair record's leading source length at most the ids after it). A task
 directory without a manifest is an unfinished preparation. Prints one line per bad shard (the
-file and what is wrong) and a last line with the totals and the throughput; exit 0 when everything holds, 1 when something does not, 2 for a DIR that is
+file and what is wrong) and a last line with the totals and the throughput; exit 0 when
+everything holds, 1 when something does not, 2 for a DIR that is
 not prepared data.
 
 The trainer's reader checks what is cheap on open and on every record it reads
