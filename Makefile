@@ -58,7 +58,10 @@ demo: $(VENV)/.installed
 # from a seed printed at the start and the end of the run (tests/conftest.py; `--no-loadscope-
 # reorder` keeps it; tests/testlib/schedule.py says why); TEST_ORDER_SEED=N draws one order
 # again. Every test and test module fails if it leaves the process changed
-# (tests/testlib/leak_check.py). TEST_WORKERS=0 runs the suite in one process. `--durations`
+# (tests/testlib/leak_check.py). TEST_WORKERS=0 runs the suite in one process. The tests'
+# `python -m xlm_jax...` commands fork from a server that imported TensorFlow, seqio, jax and
+# flax once per worker (tests/testlib/fork_server.py: ~a quarter less time for the files that
+# run commands); TEST_FORK_SERVER=0 starts each as a plain process. `--durations`
 # lists the slowest tests at the end, so every CI log says where the suite's time goes.
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder

@@ -81,6 +81,24 @@ def _order_line(config) -> str:
             f"--file-order-seed={seed})")
 
 
+def pytest_configure(config):
+    """The suite's `python -m xlm_jax...` commands fork from a process that has imported
+    TensorFlow, jax and seqio once (`tests/testlib/fork_server.py`; TEST_FORK_SERVER=0: no)."""
+    from tests.testlib import fork_server
+
+    fork_server.install()
+
+
+def pytest_unconfigure(config):
+    from tests.testlib import fork_server
+
+    forked, fallback = fork_server.uninstall()
+    log = os.environ.get("TEST_FORK_SERVER_LOG")
+    if log and (forked or fallback):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} forked {forked} started {fallback}\n")
+
+
 def pytest_report_header(config):
     return _order_line(config)
 
