@@ -69,7 +69,8 @@ def test_a_module_runs_as_python_m_in_the_callers_directory(tmp_path):
 
 def test_the_caller_times_out_kills_and_waits_for_a_forked_command():
     proc = subprocess.Popen([sys.executable, PROBE, "--sleep", "60"], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, start_new_session=True)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            start_new_session=True)
     assert fork_server.forked(proc)
     assert os.getsid(proc.pid) == proc.pid  # a session of its own, as asked
     with pytest.raises(subprocess.TimeoutExpired):
@@ -82,7 +83,7 @@ def test_the_caller_times_out_kills_and_waits_for_a_forked_command():
     start = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
         subprocess.run([sys.executable, PROBE, "--sleep", "60"], cwd=ROOT, timeout=1,
-                       stdout=subprocess.DEVNULL)
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     assert time.monotonic() - start < 30
 
 
@@ -94,7 +95,8 @@ def test_only_commands_of_the_repository_are_forked():
         proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL)
         assert not fork_server.forked(proc), args
         proc.wait(60)
-    proc = subprocess.Popen([sys.executable, PROBE], cwd=ROOT, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, PROBE], cwd=ROOT, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL)
     assert fork_server.forked(proc) and proc.wait(60) == 0
 
 
@@ -107,7 +109,7 @@ def test_a_command_s_pythonpath_is_on_its_path_unless_it_shadows_the_servers_imp
     assert _probe(forked) == _probe(plain) and _probe(forked)[0]["path1"] == str(tmp_path)
     for pythonpath in (ROOT, os.pathsep.join([str(tmp_path), ROOT])):
         proc = subprocess.Popen(args, cwd=ROOT, env={**os.environ, "PYTHONPATH": pythonpath},
-                                stdout=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         assert fork_server.forked(proc) and proc.wait(60) == 0, pythonpath
     for name, text in (("sitecustomize.py", ""), ("jax/__init__.py", "")):
         shadow = tmp_path / name.split("/")[0].replace(".py", "") / "d"
@@ -115,6 +117,6 @@ def test_a_command_s_pythonpath_is_on_its_path_unless_it_shadows_the_servers_imp
         (shadow / name).parent.mkdir(parents=True, exist_ok=True)
         (shadow / name).write_text(text)
         proc = subprocess.Popen(args, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(shadow)},
-                                stdout=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         assert not fork_server.forked(proc), name
         proc.wait(60)
