@@ -361,9 +361,7 @@ class _Pool:
                         return None
                     self.servers.pop(min(idle)[2]).close()
                 self.count += 1
-                start_env = {k: v for k, v in env.items()
-                         if k not in NOT_IMPORT_TIME and k not in AFTER_FORK}
-                server = self.servers[key] = _Server(start_env, self.dir, self.count)
+                server = self.servers[key] = _Server(dict(key), self.dir, self.count)
             if not server.wait_ready(READY_TIMEOUT_S):
                 self.servers.pop(key).close()
                 self.refused.add(key)  # not again: each try costs what a command's imports do
