@@ -10,7 +10,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from xlm_jax.league import plan
@@ -239,16 +239,19 @@ def trained_to(model_dir: str, steps: int) -> bool:
 
 
 def train(model_dir: str, gin_files: Sequence[str], bindings: Sequence[str], log_path: str,
-          what: str, echo: Any = None, label: str = "") -> float:
+          what: str, echo: Any = None, label: str = "",
+          started: Callable[[Any], None] | None = None) -> float:
     """`python -m xlm_jax.train` into `model_dir` (resuming whatever is there) as a child
     process, output appended to `log_path` (and its progress and phase lines to `echo`, as
-    `  LABEL: LINE`, see `score.run_logged`); returns the wall-clock seconds."""
+    `  LABEL: LINE`, see `score.run_logged`, which gives `started` the child's Popen);
+    returns the wall-clock seconds."""
     args = [f"--model_dir={model_dir}", *[f"--gin_file={f}" for f in gin_files],
             *[f"--gin_bindings={b}" for b in bindings]]
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     t0 = time.time()
     with open(log_path, "a", encoding="utf-8") as log:
-        score_lib.run_logged(child_command("xlm_jax.train", args), log, what, echo, label)
+        score_lib.run_logged(child_command("xlm_jax.train", args), log, what, echo, label,
+                             started)
     return time.time() - t0
 
 

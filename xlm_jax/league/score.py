@@ -241,11 +241,15 @@ ECHO_WIDTH = 160  # characters of an echoed line, its label included
 
 
 def run_logged(cmd: Sequence[str], log: Any, what: str, echo: Any = None,
-               label: str = "") -> None:
+               label: str = "", started: Callable[[subprocess.Popen], None] | None = None
+               ) -> None:
     """Runs `cmd` with its output appended to the open file `log` (None: inherited); a non-zero
     exit is a `SubprocessError` naming `what`, the command's last error line and the log.
     `echo` (a stream, with `log`): the child's `ECHOED` lines are also written there as they
-    come, each as `  LABEL: LINE` cut to `ECHO_WIDTH` characters."""
+    come, each as `  LABEL: LINE` cut to `ECHO_WIDTH` characters, one `write` per line (so
+    that two runs echoing into one stream through a lock do not cut each other's lines);
+    `started` (with `echo`) is given the child's `Popen` once it runs (to stop it from
+    another thread)."""
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if log is None:
@@ -255,6 +259,8 @@ def run_logged(cmd: Sequence[str], log: Any, what: str, echo: Any = None,
         with subprocess.Popen(list(cmd), env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, encoding="utf-8",
                               errors="replace") as proc:
+            if started is not None:
+                started(proc)
             for line in proc.stdout:
                 log.write(line)
                 text = line.rstrip("\n")
