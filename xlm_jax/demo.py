@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import functools
 import hashlib
 import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -170,7 +168,7 @@ def _run(args: argparse.Namespace) -> int:
 
     # The base is scored while the two train, the control once it has finished (the paper's
     # run, with its evaluator, takes longer), the paper's model last.
-    with SideBySide(trainings, background=("control",)) as training:
+    with SideBySide(trainings) as training:
         score("base", "the base (while the two train)", base_model, training.echo)
         training.wait("control")
         score("control", "the control", runs["control"][4], training.echo)
@@ -198,11 +196,6 @@ class _Lines:
             self.stream.flush()
 
 
-# How much lower the runs off the critical path run (`SideBySide(background=...)`): the
-# kernel then gives the other run the CPU it can use and these the rest (our choice).
-BACKGROUND_NICE = 10
-
-
 class SideBySide:
     """Trains each `name: (gin_files, bindings, model_dir)` as its own child process, all at
     once, their progress echoed to `out` as `  NAME: LINE`:
@@ -215,17 +208,13 @@ class SideBySide:
     1.5 of 2 CPU cores busy on average (a training child of its small model leaves part of
     them idle, most of all in its single-threaded set-up: input pipelines, tracing, XLA);
     side by side, with the scoring of whichever model is ready, 1.9 (docs/NOTES.md has the
-    times). The runs named in `background` get a lower CPU priority (`BACKGROUND_NICE`): the
-    demo's control, whose run is usually the shorter (docs/league.md), yields to the paper's,
-    which the demo waits for last. Each run's batches and numbers
+    times). Each run's batches and numbers
     are those it has alone (its own process, seed and data). A failed run stops the others
     (SIGTERM: a trainer saves and exits, a rerun resumes) and its error is what `wait` and
     leaving the block raise; leaving the block on an error of this process stops them too."""
 
-    def __init__(self, runs: dict[str, tuple[list[str], list[str], str]], out: Any = None,
-                 background: Sequence[str] = ()):
+    def __init__(self, runs: dict[str, tuple[list[str], list[str], str]], out: Any = None):
         self.runs = runs
-        self.background = {name: None for name in background}
         self.echo = _Lines(out if out is not None else sys.stdout)
         self.procs: list[Any] = []
         self.failed: list[BaseException] = []
@@ -238,14 +227,7 @@ class SideBySide:
             self.futures[name] = self.pool.submit(self._one, name, *run)
         return self
 
-    def _started(self, name: str, proc: Any) -> None:
-        if name in self.background:  # before the child's imports start its threads (they
-            try:                      # inherit its niceness); a failure costs only time
-                nice = min(os.getpriority(os.PRIO_PROCESS, 0) + BACKGROUND_NICE, 19)
-                os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
-                self.background[name] = os.getpriority(os.PRIO_PROCESS, proc.pid)
-            except OSError:
-                pass
+    def _started(self, proc: Any) -> None:
         with self.lock:
             self.procs.append(proc)
             if self.failed:
@@ -264,7 +246,7 @@ class SideBySide:
         try:
             seconds = runner.train(train_dir, files, bindings, train_dir + "_train.log",
                                    f"{name} training", echo=self.echo, label=name,
-                                   started=functools.partial(self._started, name))
+                                   started=self._started)
         except BaseException as e:
             self._stop(e)
             raise

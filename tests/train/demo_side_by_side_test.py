@@ -35,7 +35,7 @@ for step in range(1, 6):
 if mode == "fail":
     print(f"error: ValueError: {name} broke", flush=True)
     sys.exit(3)
-print(f"done: 5 steps in {name} (nice {os.nice(0)})", flush=True)
+print(f"done: 5 steps in {name}", flush=True)
 '''
 
 
@@ -54,7 +54,7 @@ def _runs(root):
 
 def test_both_runs_train_at_once_and_their_lines_stay_whole(children):
     out = io.StringIO()
-    with demo.SideBySide(_runs(children), out, background=("control",)) as training:
+    with demo.SideBySide(_runs(children), out) as training:
         training.echo.write("scoring: the base, while they train\n")
         seconds = {name: training.wait(name) for name in ("control", "paper")}
     shown = out.getvalue().splitlines()
@@ -66,13 +66,11 @@ def test_both_runs_train_at_once_and_their_lines_stay_whole(children):
             f"train {k}/5 loss=" for k in range(1, 6)]
         assert all(line == f"  {name}: train {k}/5 loss=1.0 {name * 40}"[:score.ECHO_WIDTH]
                    for k, line in zip(range(1, 6), mine))
-        # the control in the background: niced by BACKGROUND_NICE from this process's level
-        nice = os.nice(0) + (demo.BACKGROUND_NICE if name == "control" else 0)
-        assert mine[5] == f"  {name}: done: 5 steps in {name} (nice {min(nice, 19)})"
+        assert mine[5] == f"  {name}: done: 5 steps in {name}"
         assert any(line.startswith(f"{name}: trained in ") for line in shown)
         log = (children / f"{name}_train.log").read_text()
         other = "control" if name == "paper" else "paper"
-        assert f"done: 5 steps in {name} (nice" in log and other * 40 not in log
+        assert f"done: 5 steps in {name}" in log and other * 40 not in log
     # side by side: the two runs' progress lines interleave (one after the other they would not)
     labels = [line.split(":")[0].strip() for line in shown if "train " in line
               and "trained in" not in line]
