@@ -39,7 +39,7 @@ def test_demo_runs_end_to_end_and_writes_its_table_json_and_png(tmp_path):
     base_dir = tmp_path / "base"
     r = subprocess.run([sys.executable, "-m", "xlm_jax.demo", "--model_dir=out",
                         "--gin.TRAIN_STEPS=4", f"--tatoeba_dir={tatoeba}",
-                        "--gin.loop.train.evaluators=[]",  # its in-loop eval: every 20 steps
+                        "--gin.loop.train.evaluators=[]",  # its in-loop eval: every 28 steps
                         "--gin.XLCO_LAYER=1", "--gin.XLCO_QUEUE_SIZE=16",
                         f"--league_gin={tmp_path / 'small.gin'}", f"--base_dir={base_dir}",
                         "--base_steps=4"],
