@@ -15,11 +15,14 @@ import pytest
 from xlm_jax import demo
 from xlm_jax.league import runner, score
 
-# A stand-in trainer: prints progress lines slowly (so that the two runs' lines interleave),
-# then exits with the code in STEP_EXIT (default 0); "sleep" runs until terminated.
+# A stand-in trainer: mode "ok" (default) waits until the other run has started too (one
+# after the other, it would wait in vain and fail), then prints progress lines and its end;
+# "fail" exits 3 after its progress; "sleep" runs until terminated (SIGTERM: "preempted").
 CHILD = r'''
 import os, signal, sys, time
-name = [a for a in sys.argv if a.startswith("--model_dir=")][0].split("/")[-1]
+model_dir = [a for a in sys.argv if a.startswith("--model_dir=")][0].split("=", 1)[1]
+root, name = os.path.split(model_dir)
+other = "control" if name == "paper" else "paper"
 mode = os.environ.get("SIDE_BY_SIDE_" + name, "ok")
 if mode == "sleep":
     def stop(*_):
@@ -29,6 +32,14 @@ if mode == "sleep":
     print("tasks: demo_mono loaded in 0.1 s", flush=True)
     time.sleep(120)
     sys.exit(0)
+open(os.path.join(root, "started-" + name), "w").close()
+if mode == "ok":
+    deadline = time.time() + 30
+    while not os.path.exists(os.path.join(root, "started-" + other)):
+        if time.time() > deadline:
+            print(f"error: {name} trained alone: {other} never started", flush=True)
+            sys.exit(4)
+        time.sleep(0.02)
 for step in range(1, 6):
     print(f"train {step}/5 loss=1.0 " + name * 40, flush=True)
     time.sleep(0.05)
@@ -71,11 +82,8 @@ def test_both_runs_train_at_once_and_their_lines_stay_whole(children):
         log = (children / f"{name}_train.log").read_text()
         other = "control" if name == "paper" else "paper"
         assert f"done: 5 steps in {name}" in log and other * 40 not in log
-    # side by side: the two runs' progress lines interleave (one after the other they would not)
-    labels = [line.split(":")[0].strip() for line in shown if "train " in line
-              and "trained in" not in line]
-    first_control = labels.index("control")
-    assert "paper" in labels[first_control:], labels
+    # side by side: each child waited for the other to start before training (one after the
+    # other, the first would have failed after 30 s naming the other)
     assert shown[0] == "scoring: the base, while they train"  # this process's own line, whole
 
 
