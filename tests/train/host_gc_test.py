@@ -62,7 +62,7 @@ class _FreezeCount(actions.Action):
 
 def test_the_step_loop_runs_frozen_from_its_first_step_and_leaves_nothing_frozen(tmp_path):
     on, off = _FreezeCount(), _FreezeCount()
-    result = _train(tmp_path / "on", 3, actions=[on])
+    result = _train(tmp_path / "on", 3, actions=[on], gc_freeze=True)
     assert gc.get_freeze_count() == 0
     reference = _train(tmp_path / "off", 3, actions=[off], gc_freeze=False)
     assert len(on.seen) == 3 and min(on.seen) > 10_000  # jax, flax, the compiled step
