@@ -13,6 +13,7 @@ import time
 import pytest
 
 from tests.testlib import fork_server
+from tests.testlib.xla_flags import xla_flags
 
 ROOT = fork_server.ROOT
 PROBE = os.path.join("tests", "testlib", "fork_probe.py")
@@ -48,6 +49,20 @@ def test_a_forked_script_sees_and_ends_as_a_plain_one(tmp_path):
         assert seen["main_keys"] == ["atexit", "json", "main", "os", "sys", "threading", "time"]
         assert rest == ["thread done", "atexit ran"]  # the thread joined, then atexit
         assert forked.stderr == plain.stderr == "to stderr\n"
+
+
+def test_each_command_s_backend_reads_its_own_xla_flags_from_one_server():
+    """XLA_FLAGS are not part of a server's key (`fork_server.AFTER_FORK`): commands with
+    other host device counts fork from the same server, and each backend sees its own."""
+    parents = set()
+    for devices in (1, 3, 2):
+        env = {**os.environ, "XLA_FLAGS": xla_flags(devices)}
+        forked, plain = _both([sys.executable, PROBE, "--devices"], env=env)
+        assert forked.returncode == plain.returncode == 0, forked.stderr
+        seen, _ = _probe(forked)
+        assert seen["devices"] == _probe(plain)[0]["devices"] == devices
+        parents.add(seen["ppid"])
+    assert len(parents) == 1 and os.getpid() not in parents  # one server forked all three
 
 
 def test_an_uncaught_exception_exits_1_with_its_traceback():

@@ -1,6 +1,9 @@
 """What a process sees of its start, for tests/fork_server_test.py: prints it as one JSON line.
 
-  python tests/testlib/fork_probe.py [--exit N] [--sleep S] [--raise] [ARGS...]
+  python tests/testlib/fork_probe.py [--exit N] [--sleep S] [--raise] [--devices] [ARGS...]
+
+`--devices` adds jax's device count (its backend starts with the XLA_FLAGS the process has) and
+the parent's pid.
 
 Reads stdin when it is not a terminal, writes a line to stderr, leaves a non-daemon thread and
 an atexit handler that print after main returns (a process joins the one and runs the other
@@ -20,7 +23,11 @@ def main() -> int:
     if "--sleep" in args:
         time.sleep(float(args[args.index("--sleep") + 1]))
     data = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
-    print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
+    more = {}
+    if "--devices" in args:
+        import jax
+        more = {"devices": jax.device_count(), "ppid": os.getppid()}
+    print(json.dumps({**more, "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
                       "path1": sys.path[1],
                       "name": __name__, "env": os.environ.get("FORK_PROBE"),
                       "stdin": data, "sid": os.getsid(0) == os.getpid(),

@@ -9,10 +9,12 @@ signals, files and `jax.distributed` are what the tests are about); only their i
 shared.
 
 How: one server process per distinct import-time environment (every variable except
-`PYTEST_CURRENT_TEST` and `PYTHONPATH`, which goes on the command's `sys.path` after the fork
+`PYTEST_CURRENT_TEST`; `PYTHONPATH`, which goes on the command's `sys.path` after the fork
 unless a directory on it, or the command's own first path entry, holds a sitecustomize or
-another copy of a module the server imported) imports, once, what a command's start-up imports: xlm_jax's root (it may
-set JAX_PLATFORMS before jax is imported, as in every command), TensorFlow the way the
+another copy of a module the server imported; `XLA_FLAGS`, which XLA reads when jax starts its
+first backend, in the command, never in the server's imports; and SLURM's, which
+`jax.distributed` reads when called) imports, once, what a command's start-up imports:
+xlm_jax's root (it may set JAX_PLATFORMS before jax is imported, as in every command), TensorFlow the way the
 commands import it (`cli_help.quiet_tensorflow`; not under XLM_JAX_DEBUG=1, whose commands
 print TF's import lines), seqio, jax, flax, optax, orbax. A server whose imports print
 anything serves nothing (a forked command would not show it). Then it forks a child per
@@ -62,14 +64,27 @@ PRELOAD = ("xlm_jax", "tensorflow", "seqio", "numpy", "jax", "jax.numpy", "flax.
 # Variables that differ per test but are read by nobody at import time.
 NOT_IMPORT_TIME = frozenset({"PYTEST_CURRENT_TEST"})
 # Not part of a server's environment: a command's PYTHONPATH goes on its sys.path after the
-# fork, where nothing on it shadows what the server imported (`_shadows`).
-AFTER_FORK = frozenset({"PYTHONPATH"})
+# fork, where nothing on it shadows what the server imported (`_shadows`); its XLA_FLAGS (the
+# host device count differs from test to test) are read when jax starts a backend, which the
+# server's imports never do (`serve` refuses to serve when they did), so the command's own
+# environment, set after the fork, is what its backend reads; the same holds for SLURM's
+# variables, which `jax.distributed.initialize` reads when called. With them in the key, the
+# suite started 26 servers (17 on one worker; measured with TEST_FORK_SERVER_LOG), each
+# importing TensorFlow and jax again: 7% of the suite's sampled CPU time.
+AFTER_FORK = frozenset({"PYTHONPATH", "XLA_FLAGS", "XLA_FLAGS_EXTRA"})
+AFTER_FORK_PREFIXES = ("SLURM_",)
 MAX_SERVERS = 3
 READY_TIMEOUT_S = 180.0
 _MSG = 1 << 20
 
 
 # ----------------------------------------------------------------------------- the server
+
+def _import_time(name: str) -> bool:
+    """Whether the variable `name` is part of a server's environment (its key)."""
+    return (name not in NOT_IMPORT_TIME and name not in AFTER_FORK
+            and not name.startswith(AFTER_FORK_PREFIXES))
+
 
 def _exit_code(code: object) -> int:
     """The exit status `sys.exit(code)` gives a Python process."""
@@ -203,6 +218,13 @@ def _preload_quietly() -> bool:
         return captured.seek(0, os.SEEK_END) == 0
 
 
+def _backend_started() -> bool:
+    """Whether the imports started a jax backend: it would have read the server's XLA_FLAGS,
+    and a command forked from here must read its own (`AFTER_FORK`)."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bool(getattr(bridge, "_backends", None))
+
+
 def _top_level_locations() -> dict[str, list[str]]:
     """{top-level module imported here: the real paths it was imported from}."""
     out: dict[str, list[str]] = {}
@@ -221,7 +243,7 @@ def serve(path: str) -> None:
     before = dict(os.environ)
     base_path = list(sys.path[1:])
     sys.path[0] = os.path.dirname(path)  # not tests/testlib: nothing to import there
-    if not _preload_quietly():
+    if not _preload_quietly() or _backend_started():
         sys.exit(3)  # the client falls back to plain subprocesses for this environment
     import_env = {k: v for k, v in os.environ.items() if before.get(k) != v}
     import_env.update({k: None for k in before if k not in os.environ})
@@ -341,14 +363,14 @@ class _Pool:
         self.count = 0
         self.lock = threading.Lock()
         self.forked = self.fallback = 0
+        self.base = {k: v for k, v in os.environ.items() if _import_time(k)}  # for the log
 
     def server_for(self, env: dict[str, str], first_dirs: list[str]) -> _Server | None:
         """The ready server for `env`'s import-time environment, started (and waited for:
         its imports cost what the command's own would) when there is none; None where no
         server can be had (the limit reached with none idle, or one failed to start) or
         where one of `first_dirs` (the command's sys.path[0] and PYTHONPATH) shadows it."""
-        key = frozenset((k, v) for k, v in env.items()
-                        if k not in NOT_IMPORT_TIME and k not in AFTER_FORK)
+        key = frozenset((k, v) for k, v in env.items() if _import_time(k))
         with self.lock:
             if key in self.refused:
                 return None
@@ -362,6 +384,7 @@ class _Pool:
                     self.servers.pop(min(idle)[2]).close()
                 self.count += 1
                 server = self.servers[key] = _Server(dict(key), self.dir, self.count)
+                _log_server(self.count, dict(key), self.base)
             if not server.wait_ready(READY_TIMEOUT_S):
                 self.servers.pop(key).close()
                 self.refused.add(key)  # not again: each try costs what a command's imports do
@@ -462,6 +485,17 @@ def _log(how: str, req: dict) -> None:
         with open(os.environ["TEST_FORK_SERVER_LOG"], "a") as f:
             f.write(f"{how} {req['module'] or req['argv0']} "
                     f"{os.environ.get('PYTEST_CURRENT_TEST', '').split('::')[0]}\n")
+
+
+def _log_server(index: int, env: dict[str, str], base: dict[str, str]) -> None:
+    """With TEST_FORK_SERVER_LOG=PATH: a line per server started, with the variables in which
+    its environment differs from `base` (this process's at the start): what made it needed."""
+    if os.environ.get("TEST_FORK_SERVER_LOG"):
+        differ = sorted({k for k in {**base, **env} if base.get(k) != env.get(k)})
+        with open(os.environ["TEST_FORK_SERVER_LOG"], "a") as f:
+            f.write(f"server {os.getpid()}/s{index} "
+                    f"{os.environ.get('PYTEST_CURRENT_TEST', '').split('::')[0]} "
+                    f"differs in: {' '.join(differ) or 'nothing'}\n")
 
 
 def _execute_child(self, *args, **kwargs):  # noqa: ANN001 - Popen's own signature
