@@ -3,6 +3,8 @@ of a parameter tree by '/'-joined path, the shapes a config's model has (both ma
 weights onto these paths), and the weight files' reader and writer."""
 from __future__ import annotations
 
+import functools
+
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -41,7 +43,16 @@ def flatten(tree: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def expected_shapes(cfg: ModelConfig, with_mlm_head: bool = True) -> dict[str, tuple[int, ...]]:
-    """Parameter shapes of our model for `cfg`, by path (computed without allocating)."""
+    """Parameter shapes of our model for `cfg`, by path (computed without allocating).
+
+    Traced once per (config, head) in a process (`ModelConfig` is frozen): every load checks
+    the loaded parameters against these shapes, and tracing the model's init costs 0.3-1 s on
+    a CPU core (each retrieval eval, scoring or export of one model used to pay it again)."""
+    return dict(_expected_shapes(cfg, with_mlm_head))
+
+
+@functools.lru_cache(maxsize=32)
+def _expected_shapes(cfg: ModelConfig, with_mlm_head: bool) -> tuple[tuple[str, tuple[int, ...]], ...]:
     import flax.linen as nn
     import jax
 
@@ -53,7 +64,7 @@ def expected_shapes(cfg: ModelConfig, with_mlm_head: bool = True) -> dict[str, t
     lang = (lambda i: {"lang_ids": i}) if cfg.num_languages else (lambda i: {})
     shapes = jax.eval_shape(
         lambda i: nn.meta.unbox(model.init(jax.random.PRNGKey(0), i, **lang(i))), ids)["params"]
-    return {path: tuple(v.shape) for path, v in flatten(shapes).items()}
+    return tuple((path, tuple(v.shape)) for path, v in flatten(shapes).items())
 
 
 def read_hf_weights(hf_dir: str) -> dict[str, np.ndarray]:
