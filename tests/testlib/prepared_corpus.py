@@ -74,11 +74,14 @@ def write(root: str) -> str:
 def prepare(root: str, output_dir: str, *extra: str, split_bytes: int = 8192,
             pattern: str = PATTERN, timeout: int = 300) -> subprocess.CompletedProcess:
     """`python -m xlm_jax.data.prepared.prepare` over the tasks of `root/prep_tasks.py`, in `root`,
-    on the DirectRunner with 2 worker processes."""
+    on the DirectRunner in its multi-processing mode (the command's default) with one worker
+    process: each worker process imports Beam and TensorFlow (~4 s of CPU; the suite started
+    40 of them), and the tests of two workers at once (prepare_kill_test, prepare_lock_test,
+    the documented command of adding_a_corpus_test, one per core) start their own."""
     return subprocess.run(
         [sys.executable, "-m", "xlm_jax.data.prepared.prepare", "--module", MODULE, "--tasks", pattern,
          "--output_dir", output_dir, "--split_bytes", str(split_bytes),
-         "--direct_num_workers=2", *extra],
+         "--direct_num_workers=1", *extra],
         cwd=root, env=env(PYTHONPATH=os.pathsep.join([root, ROOT])), capture_output=True,
         text=True, timeout=timeout)
 
