@@ -78,6 +78,15 @@ def test_spm_to_fairseq_golden():
     assert got.dtype == np.int32
 
 
+def test_the_list_map_is_the_array_map():
+    assert vocab.spm_list_to_fairseq([0, 1, 2, 3, 4, 249999]) == [3, 0, 2, 4, 5, 250000]
+    ids = np.random.default_rng(0).integers(0, 50, 400).tolist()
+    assert vocab.spm_list_to_fairseq(ids) == vocab.spm_to_fairseq(np.array(ids)).tolist()
+    assert vocab.spm_list_to_fairseq([]) == []
+    with pytest.raises(ValueError, match="negative SentencePiece id -1"):
+        vocab.spm_list_to_fairseq([5, -1])
+
+
 def test_fairseq_to_spm_golden_and_roundtrip():
     np.testing.assert_array_equal(vocab.fairseq_to_spm(np.array([0, 2, 3, 4, 250000])),
                                   [1, 2, 0, 3, 249999])

@@ -100,6 +100,19 @@ def spm_to_fairseq(ids: np.ndarray) -> np.ndarray:
     return out.astype(arr.dtype, copy=False)
 
 
+# SentencePiece's unk, bos and eos (0, 1, 2) as fairseq ids; every other piece i is i + OFFSET.
+_SPM_SPECIALS_AS_FAIRSEQ = (UNK, BOS, EOS)
+
+
+def spm_list_to_fairseq(ids: Sequence[int]) -> list[int]:
+    """`spm_to_fairseq` of one sentence's ids as a list, in plain Python: the tokenizers call
+    it per sentence, where numpy's five passes over a few dozen ids cost more than the map."""
+    if ids and min(ids) < 0:
+        raise ValueError(f"spm_to_fairseq: negative SentencePiece id {min(ids)}")
+    specials = _SPM_SPECIALS_AS_FAIRSEQ
+    return [i + OFFSET if i > SPM_EOS else specials[i] for i in ids]
+
+
 def fairseq_to_spm(ids: np.ndarray, *, spm_size: int | None = None) -> np.ndarray:
     """Maps fairseq/XLM-R ids back to SentencePiece ids (inverse of `spm_to_fairseq`).
 
@@ -201,8 +214,7 @@ class XLMRTokenizer:
         """Tokenizes `text` to fairseq ids, without `<s>`/`</s>`."""
         if not isinstance(text, str):
             raise TypeError(f"XLMRTokenizer.encode expects str, got {type(text).__name__}")
-        ids = self._sp.encode(text, out_type=int)
-        return spm_to_fairseq(np.asarray(ids, dtype=np.int64)).tolist()
+        return spm_list_to_fairseq(self._sp.encode(text, out_type=int))
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Tokenizes `text` like `encode` and gives each piece's [start, end) CHARACTER span in
@@ -355,8 +367,7 @@ def _seqio_class() -> type:
             return SpecialIds(mask=self.mask_id)
 
         def _encode(self, s: str) -> Sequence[int]:
-            ids = self.tokenizer.EncodeAsIds(s)
-            return spm_to_fairseq(np.asarray(ids, dtype=np.int64)).tolist()
+            return spm_list_to_fairseq(self.tokenizer.EncodeAsIds(s))
 
         def _decode(self, ids: Iterable[int]) -> str:
             arr = np.asarray([int(i) for i in ids], dtype=np.int64)
