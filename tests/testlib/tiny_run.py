@@ -44,16 +44,17 @@ def train_tiny(model_dir: Any, steps: int, *, model: dict | None = None,
                out: Any = None, keep: int = 5, async_save: bool = False, **kw: Any) -> loop.TrainResult:
     """`loop.train` of TINY_MODEL (updated by `model`) for `steps` steps at seq_len 32; the
     progress lines go to `out` (default: nowhere); `gc_freeze` is off unless given.
-    `eval_every=N` (with `eval_batches`, 4)
-    adds `evaluators.HeldOutLoss(every=N, num_batches=...)` to the run's evaluators."""
+    `eval_every=N` (with `eval_batches`, 4) adds `evaluators.HeldOutLoss(every=N,
+    num_batches=...)` to the run's evaluators."""
     every, batches = kw.pop("eval_every", 0), kw.pop("eval_batches", 4)
     # No freezing of the heap (`loop.train.gc_freeze`) unless a test asks for it: the full
     # collection before the freeze walks the pytest worker's whole heap at every run (0.2 s
     # with two test files loaded, 400k objects; more as a worker accumulates files). Sampled
     # over a whole suite run (py-spy, every process) the freeze was 196 s of 2,343 s of Python
-    # time, 158 s of it under this helper; the next run: 2,566 -> 2,412 s of tests. The
-    # freeze changes no number (tests/train/host_gc_test.py trains with it on and off) and
-    # every command the suite runs trains with it on, as users do.
+    # time, 158 s of it under this helper; a suite run with only this change, same file
+    # order: 2,566 -> 2,412 s of test time. The freeze changes no number
+    # (tests/train/host_gc_test.py trains with it on and off) and every command the suite
+    # runs trains with it on, as users do.
     kw.setdefault("gc_freeze", False)
     if every:
         kw["evaluators"] = [*kw.get("evaluators", ()),

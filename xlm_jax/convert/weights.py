@@ -4,7 +4,6 @@ weights onto these paths), and the weight files' reader and writer."""
 from __future__ import annotations
 
 import functools
-
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -46,8 +45,8 @@ def expected_shapes(cfg: ModelConfig, with_mlm_head: bool = True) -> dict[str, t
     """Parameter shapes of our model for `cfg`, by path (computed without allocating).
 
     Traced once per (config, head) in a process (`ModelConfig` is frozen): every load checks
-    the loaded parameters against these shapes, and tracing the model's init costs 0.3-1 s on
-    a CPU core (each retrieval eval, scoring or export of one model used to pay it again)."""
+    the loaded parameters against these shapes, and each traced the model's init again (20 s
+    of the test suite's sampled time; a scoring or export of one model paid it per load)."""
     return dict(_expected_shapes(cfg, with_mlm_head))
 
 
