@@ -207,11 +207,11 @@ class SideBySide:
     Side by side, not one after the other (our choice): one after the other, the demo kept
     1.67 of 2 CPU cores busy (a training child of its small model leaves part of them idle,
     most of all in its single-threaded set-up: input pipelines, tracing, XLA); side by side,
-    with the scoring of whichever model is ready, 1.93, and it took 20% less time (measured
-    back to back, docs/NOTES.md). Each run's batches and numbers are those it has alone (its
-    own process, seed and data). A failed run stops the others (SIGTERM: a trainer saves and
-    exits, a rerun resumes) and its error is what `wait` and leaving the block raise; leaving
-    the block on an error of this process stops them too."""
+    with the base scored while they train and the control once it has finished, 1.93, and it
+    took 20% less time (measured back to back, docs/NOTES.md). Each run's batches and numbers
+    are those it has alone (its own process, seed and data). A failed run stops the others
+    (SIGTERM: a trainer saves and exits, a rerun resumes) and its error is what `wait` and
+    leaving the block raise; leaving the block on an error of this process stops them too."""
 
     def __init__(self, runs: dict[str, tuple[list[str], list[str], str]], out: Any = None):
         self.runs = runs

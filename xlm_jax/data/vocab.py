@@ -237,7 +237,7 @@ class XLMRTokenizer:
         except ValueError:  # newer releases dropped it for 'proto' (parsed with protobuf)
             proto = self._sp.encode(text, out_type="proto")
         pieces = list(proto.pieces)
-        ids = spm_to_fairseq(np.asarray([p.id for p in pieces], dtype=np.int64)).tolist()
+        ids = spm_list_to_fairseq([p.id for p in pieces])
         # byte offset -> character offset: a character starts at every non-continuation byte.
         raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
         byte_to_char = np.append(np.cumsum((raw & 0xC0) != 0x80) - 1, len(text))
