@@ -529,6 +529,30 @@ def test_paired_bootstrap_matches_the_standard_error_of_a_paired_mean():
     assert same.average == 0 and set(same.per_language.values()) == {0.0}
     with pytest.raises(ValueError, match="languages differ"):
         retrieval.paired_bootstrap(_result(a), _result({"de": b["de"]}))
-    from_json = retrieval.RetrievalResult.from_json(_result(a).to_json())
+    # a stored result keeps each sentence's hits (0/1 characters): the same bootstrap
+    stored = json.loads(json.dumps(_result(a).to_json()))
+    assert stored["per_language"]["de"]["hits"]["de->eng"] == "".join(
+        "1" if h else "0" for h in a["de"][0])
+    from_json = retrieval.RetrievalResult.from_json(stored)
+    again = retrieval.paired_bootstrap(from_json, _result(b), resamples=6000, seed=1)
+    assert again == spread
+    for lang in a:  # stored without hits (an older file): no paired comparison
+        del stored["per_language"][lang]["hits"]
     with pytest.raises(ValueError, match="lacks per-sentence hits"):
-        retrieval.paired_bootstrap(from_json, _result(b))
+        retrieval.paired_bootstrap(retrieval.RetrievalResult.from_json(stored), _result(b))
+
+
+@pytest.mark.parametrize("hits, message", [
+    ("0110", "must be 5 characters 0/1"),
+    ("01102", "must be 5 characters 0/1"),
+    ("11111", "gives acc@1 1.000000, the file says 0.4"),
+])
+def test_stored_hits_that_do_not_fit_their_scores_are_one_line_errors(tmp_path, hits, message):
+    result = _result({"de": ([0, 1, 1, 0, 0], [1, 1, 0, 0, 0])}).to_json()
+    result["per_language"]["de"]["hits"]["de->eng"] = hits
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(result))
+    with pytest.raises(ValueError) as e:
+        retrieval.RetrievalResult.load(str(path))
+    assert str(e.value).startswith(f"{path}: per_language['de']['hits']['de->eng']")
+    assert message in str(e.value) and "\n" not in str(e.value)

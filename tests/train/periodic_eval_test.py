@@ -159,6 +159,21 @@ def test_loop_writes_retrieval_and_keeps_the_best_checkpoint(tmp_path):
     for k, v in offline.per_layer.items():
         assert 100 * v == pytest.approx(evals[6][f"retrieval/acc1_layer{k}"], abs=1e-6)
     assert 100 * offline.standard_error == pytest.approx(evals[6]["retrieval/acc1_se"], abs=1e-6)
+    # ... and the whole result the eval wrote, every sentence's hits included, is that one
+    for s in (2, 3, 4, 6):
+        assert os.path.isfile(evaluators.result_path(model_dir, "retrieval", s))
+    stored = retrieval.RetrievalResult.load(evaluators.result_path(model_dir, "retrieval", 6))
+    assert stored.step == 6 and stored.reported_layer == offline.reported_layer
+    assert stored.per_layer == pytest.approx(offline.per_layer, abs=1e-12)
+    for lang, score in offline.per_language.items():
+        assert stored.per_language[lang] == score
+        for mine, theirs in zip(stored.per_language[lang].hits, score.hits):
+            np.testing.assert_array_equal(mine, theirs)
+    with open(evaluators.result_path(model_dir, "retrieval", 6)) as f:
+        settings = json.load(f)["settings"]
+    assert settings == {"tatoeba_dir": os.path.abspath(DEMO_TATOEBA),
+                        "languages": ["de", "fr", "es"], "layers": "all", "pool": "mean",
+                        "max_sentences": 24, "max_length": None, "batch_size": 16}
 
     # Keep-best: each save carries the metric of its own step; kept = latest + best save
     # (orbax's BestN keeps the later of equal scores).

@@ -56,8 +56,9 @@ class LanguageScore:
     src_to_eng: float  # xx -> eng
     eng_to_src: float  # eng -> xx
     num_pairs: int
-    # Which sentences each direction found (xx -> eng, eng -> xx), when scored here (not read
-    # from JSON): what a paired comparison of two models resamples (the demo's bootstrap).
+    # Which sentences each direction found (xx -> eng, eng -> xx), when scored here or read
+    # from a JSON file that holds them (`to_json` writes the reported layer's): what a paired
+    # comparison of two models resamples (the demo's bootstrap).
     hits: tuple[np.ndarray, np.ndarray] | None = dataclasses.field(
         default=None, compare=False, repr=False)
 
@@ -65,9 +66,16 @@ class LanguageScore:
     def mean(self) -> float:
         return (self.src_to_eng + self.eng_to_src) / 2.0
 
-    def to_json(self, lang: str) -> dict[str, float]:
-        return {f"{lang}->eng": self.src_to_eng, f"eng->{lang}": self.eng_to_src,
-                "mean": self.mean, "num_pairs": self.num_pairs}
+    def to_json(self, lang: str, hits: bool = False) -> dict[str, Any]:
+        """The scores; with `hits` (and hits to write), each direction's per-sentence hits as
+        a string of 0/1 characters (one byte a sentence), which `from_json` reads back so a
+        stored result can be compared with another (`paired_bootstrap`)."""
+        out: dict[str, Any] = {f"{lang}->eng": self.src_to_eng, f"eng->{lang}": self.eng_to_src,
+                               "mean": self.mean, "num_pairs": self.num_pairs}
+        if hits and self.hits is not None:
+            out["hits"] = {key: "".join("1" if h else "0" for h in np.asarray(row).ravel())
+                           for key, row in zip((f"{lang}->eng", f"eng->{lang}"), self.hits)}
+        return out
 
 
 @dataclasses.dataclass
@@ -120,7 +128,7 @@ class RetrievalResult:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "layer": self.layer, "reported_layer": self.reported_layer, "average": self.average,
-            "per_language": {lang: s.to_json(lang)
+            "per_language": {lang: s.to_json(lang, hits=True)
                              for lang, s in sorted(self.per_language.items())},
             "checkpoint": self.checkpoint, "step": self.step, "layer_norm": self.layer_norm,
         }
@@ -152,8 +160,31 @@ class RetrievalResult:
                         raise ValueError(f"{source}: {where}[{lang!r}][{key!r}]={v!r} is not an "
                                          "accuracy in [0, 1]")
                     vals.append(float(v))
-                out[lang] = LanguageScore(vals[0], vals[1], int(entry.get("num_pairs", 0)))
+                num_pairs = int(entry.get("num_pairs", 0))
+                out[lang] = LanguageScore(vals[0], vals[1], num_pairs,
+                                          hits=read_hits(entry, lang, num_pairs, vals,
+                                                         f"{where}[{lang!r}]"))
             return out
+
+        def read_hits(entry: Mapping[str, Any], lang: str, num_pairs: int, vals: list[float],
+                      where: str) -> tuple[np.ndarray, np.ndarray] | None:
+            """The per-sentence hits `to_json` wrote, checked against the scores beside them."""
+            raw = entry.get("hits")
+            if raw is None:
+                return None
+            rows = []
+            for key, acc in zip((f"{lang}->eng", f"eng->{lang}"), vals):
+                text = need(raw, key, f"{where}['hits']")
+                if (not isinstance(text, str) or len(text) != num_pairs
+                        or set(text) - {"0", "1"}):
+                    raise ValueError(f"{source}: {where}['hits'][{key!r}] must be {num_pairs} "
+                                     "characters 0/1 (one per sentence)")
+                row = np.frombuffer(text.encode("ascii"), np.uint8) == ord("1")
+                if abs(float(row.mean()) - acc) > 1e-9:
+                    raise ValueError(f"{source}: {where}['hits'][{key!r}] gives acc@1 "
+                                     f"{row.mean():.6f}, the file says {acc!r}")
+                rows.append(row)
+            return rows[0], rows[1]
 
         layer = need(data, "layer", "the top level")
         if not (layer == "all" or (isinstance(layer, int) and layer >= 0)):
@@ -215,7 +246,8 @@ def paired_bootstrap(a: RetrievalResult, b: RetrievalResult, resamples: int = 10
         sa, sb = a.per_language[lang], b.per_language[lang]
         if sa.hits is None or sb.hits is None or sa.num_pairs != sb.num_pairs:
             raise ValueError(f"paired_bootstrap: language {lang!r} lacks per-sentence hits "
-                             "(scores read from JSON) or was scored on other sentences")
+                             "(scores read from a JSON file without them) or was scored on other "
+                             "sentences")
         # per sentence: the mean of its two directions' hits, b minus a
         hits_a, hits_b = (np.asarray(sa.hits, float), np.asarray(sb.hits, float))  # [2, n]
         diff = (hits_b.sum(axis=0) - hits_a.sum(axis=0)) / 2.0

@@ -289,6 +289,11 @@ class TatoebaRetrieval(Evaluator):
       acc1_layer{k}   each layer's mean acc@1 (%) (several layers only)
       seconds         the eval's wall time (gather + embed + rank)
 
+Each eval's whole result (every language and layer, each sentence's hits, and the settings
+it ran with) is also written to `model_dir/eval/{prefix}_step{N}.json` (`result_path`;
+`RetrievalResult.load` reads it), so a per-language table or a paired comparison of a step
+needs no second scoring of its checkpoint (`python -m xlm_jax.demo` reads the last one).
+
     `tatoeba_dir` holds tatoeba.{xx}-eng.{xx} + tatoeba.{xx}-eng.eng; `layers`: a layer
     (0 = embeddings), a list of layers or "all" (one forward pass for all); `pool` "mean" or
     "cls"; `languages` None: every language of the directory; `max_sentences`: the first N
@@ -349,6 +354,7 @@ class TatoebaRetrieval(Evaluator):
             raise ValueError(f"{where}: {e}") from None
         self.local = LocalEncoder(ctx, where)
         self._dir, self._languages = self.tatoeba_dir, langs
+        self._model_dir = ctx.model_dir
         if self.max_sentences:  # the first lines of each language, in the local directory
             for p in pairs:
                 for path, lines in ((p.src_path, p.src), (p.eng_path, p.eng)):
@@ -368,12 +374,28 @@ class TatoebaRetrieval(Evaluator):
             scalars["layer"] = float(result.reported_layer)
             scalars.update({f"acc1_layer{k}": 100.0 * v for k, v in result.per_layer.items()})
         scalars["seconds"] = time.perf_counter() - t0
+        if jax.process_index() == 0:  # every process computed the same result
+            md.write_json(result_path(self._model_dir, self.prefix, step),
+                          {**result.to_json(), "settings": self.settings()})
         return scalars
+
+    def settings(self) -> dict[str, Any]:
+        """What the result file records of how it was scored (the demo compares these with
+        its own scoring before it reuses a result)."""
+        return {"tatoeba_dir": os.path.abspath(self.tatoeba_dir), "languages": self._languages,
+                "layers": self.layers if isinstance(self.layers, (int, str))
+                else list(self.layers), "pool": self.pool, "max_sentences": self.max_sentences,
+                "max_length": self.max_length, "batch_size": self.batch_size}
 
     def close(self) -> None:
         if getattr(self, "local", None) is not None:
             self.local.close()
             self.local = None
+
+
+def result_path(model_dir: str, prefix: str, step: int) -> str:
+    """Where `TatoebaRetrieval` writes the whole result of its eval after `step`."""
+    return os.path.join(model_dir, "eval", f"{prefix}_step{step}.json")
 
 
 # ----------------------------------------------------------------------------- transfer probe
