@@ -16,7 +16,10 @@ continued) at the same training FLOPs, on the embedded Django/Wagtail demo corpu
 4. Tatoeba-style retrieval (acc@1, both directions, mean-pooled hidden states) on the held-out
    split for the base, the control and the paper's model: a per-language table (each model at
    its best layer unless --layer names one), report.png (the paper run's loss curves and
-   base/paper bars) and the three result JSONs in --model_dir.
+   base/paper bars) and the three result JSONs in --model_dir. A score computed already is
+   read, not computed again: the shipped base's (`retrieval.json` beside it) and the paper
+   run's own eval of its last step (`model/eval/retrieval_stepN.json`), each only when it
+   scored what this scoring would (`stored_result`).
 
 Every training runs in a subprocess (`python -m xlm_jax.train`) and resumes when rerun; the
 paper's run and the control train side by side (`SideBySide`), and the base and the control are
@@ -168,17 +171,86 @@ def _run(args: argparse.Namespace) -> int:
 
     # The base is scored while the two train, the control once it has finished (the paper's
     # run, with its evaluator, takes longer), the paper's model last.
+    shipped = shipped_base_result(base_model, args.tatoeba_dir, layer)
     with SideBySide(trainings) as training:
-        score("base", "the base (while the two train)", base_model, training.echo)
+        if shipped is None:
+            score("base", "the base (while the two train)", base_model, training.echo)
+        else:  # scored when it was shipped (the same evaluation; the suite scores it again)
+            training.echo.write("scoring: Tatoeba retrieval of the base: the result shipped "
+                                f"beside it ({runner.SHIPPED_RETRIEVAL})\n")
+            results["base"] = shipped
+            md.write_json(model_dir / "retrieval_base.json", shipped.to_json())
         training.wait("control")
         score("control", "the control", runs["control"][4], training.echo)
         training.wait("paper")
-    score("after", "the paper's model", runs["paper"][4], sys.stdout)
+    reused = in_loop_result(runs["paper"][4], steps, args.tatoeba_dir, layer)
+    if reused is None:
+        score("after", "the paper's model", runs["paper"][4], sys.stdout)
+    else:  # the run scored its last step itself: the same evaluation, not run twice
+        path, results["after"] = reused
+        print(f"scoring: Tatoeba retrieval of the paper's model: its run's own eval of step "
+              f"{steps} ({path})", flush=True)
+        md.write_json(model_dir / "retrieval_after.json", results["after"].to_json())
     png = os.fspath(model_dir / "report.png")
     report.write_report(runs["paper"][4], results["base"], results["after"], png)
     print(format_table(results, " ".join(gin_files)))
     print(f"wrote {png}; {(time.time() - t0) / 60:.1f} min in all")
     return 0
+
+
+def in_loop_result(train_dir: str, step: int, tatoeba_dir: str, layer: int | str
+                   ) -> tuple[str, Any] | None:
+    """(path, RetrievalResult) of the run's own Tatoeba eval of `step`
+    (`evaluators.TatoebaRetrieval`'s result file) when it scored what the demo's scoring
+    would: every language of `tatoeba_dir`, every layer (the demo's `--layer all`), and
+    `retrieval.evaluate`'s defaults (mean pooling, default length, batches of 64); else None.
+    The run's live parameters at `step` are its checkpoint's, so the numbers are the ones a
+    second scoring of the checkpoint gives (`tests/train/periodic_eval_test.py`)."""
+    import dataclasses
+
+    from xlm_jax.evaluation import retrieval
+    from xlm_jax.train import evaluators
+
+    path = evaluators.result_path(train_dir, "retrieval", step)
+    result = stored_result(path, tatoeba_dir, layer)
+    if result is None or result.step != step:
+        return None
+    return path, dataclasses.replace(result, checkpoint=train_dir)
+
+
+def shipped_base_result(base_model: str, tatoeba_dir: str, layer: int | str) -> Any:
+    """The retrieval result shipped beside the base (`runner.SHIPPED_RETRIEVAL`, written by
+    `python -m xlm_jax.league --ship_base`) when it scored what the demo's scoring would
+    (as `in_loop_result`), else None."""
+    from xlm_jax.league import runner
+
+    return stored_result(os.path.join(base_model, runner.SHIPPED_RETRIEVAL), tatoeba_dir, layer)
+
+
+def stored_result(path: str, tatoeba_dir: str, layer: int | str) -> Any:
+    """The `RetrievalResult` of `path` when its recorded settings are the demo's scoring's
+    (every language of `tatoeba_dir`, every layer, `retrieval.evaluate`'s defaults) and it
+    holds each sentence's hits (the table's bootstrap needs them); else None. A relative
+    `tatoeba_dir` in the file is the package's (`gin_utils.shipped_path`)."""
+    from xlm_jax.evaluation import retrieval
+    from xlm_jax.train import gin_utils
+
+    if layer != "all" or not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        settings = json.load(f).get("settings") or {}
+    same = {"layers": "all", "pool": "mean", "max_sentences": None, "max_length": None,
+            "batch_size": 64, "languages": retrieval.find_languages(tatoeba_dir)}
+    scored_on = settings.get("tatoeba_dir") or "?"
+    if not os.path.isabs(scored_on):  # the package's folder, in a checkout or a wheel
+        scored_on = gin_utils.shipped_path(scored_on) or scored_on
+    if (any(settings.get(k, "?") != v for k, v in same.items())
+            or os.path.realpath(scored_on) != os.path.realpath(tatoeba_dir)):
+        return None
+    result = retrieval.RetrievalResult.load(path)
+    if any(s.hits is None for s in result.per_language.values()):
+        return None
+    return result
 
 
 class _Lines:

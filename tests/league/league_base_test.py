@@ -90,3 +90,31 @@ def test_the_demo_continues_from_the_shipped_base_unless_told_otherwise(monkeypa
     assert demo.resolve_base(flags(base_dir="/tmp/mine"), config, _settings()) == "/tmp/mine"
     assert demo.resolve_base(flags(), config, _settings(steps=10)) == trained[-1]
     assert len(trained) == 3
+
+
+def test_the_shipped_retrieval_result_is_what_the_base_scores_today():
+    """`retrieval.json` beside the base (the demo's base column, read instead of scored) is
+    what `retrieval.evaluate` gives the shipped parameters today, as the demo scores them:
+    each language's hits within one sentence per direction (another CPU's float rounding may
+    move a near tie; on the machine that shipped it they are equal), every layer's average
+    within half a point, and the demo takes it (`demo.shipped_base_result`)."""
+    import numpy as np
+
+    from xlm_jax.encoder import load_encoder
+    from xlm_jax.evaluation import retrieval
+
+    tatoeba = runner.tatoeba_dir(plan.LeagueConfig())
+    stored = demo.shipped_base_result(SHIPPED, tatoeba, "all")
+    assert stored is not None, (f"{runner.SHIPPED_RETRIEVAL} is missing beside the base or "
+                                "was scored otherwise than the demo scores")
+    fresh = retrieval.evaluate(load_encoder(SHIPPED), tatoeba, layers="all")
+    assert stored.reported_layer == fresh.reported_layer
+    assert sorted(stored.per_language) == sorted(fresh.per_language)
+    for lang, score in fresh.per_language.items():
+        mine = stored.per_language[lang]
+        assert mine.num_pairs == score.num_pairs
+        for a, b in zip(mine.hits, score.hits):
+            assert int(np.sum(a != b)) <= 1, lang
+    for k, v in fresh.per_layer.items():
+        assert stored.per_layer[k] == pytest.approx(v, abs=0.005)
+    assert demo.shipped_base_result(SHIPPED, tatoeba, 0) is None  # --layer 0: scored again

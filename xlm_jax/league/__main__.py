@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from xlm_jax.league import plan
 from xlm_jax.league.runner import (DEFAULT_BASE_STEPS, DEFAULT_BUDGET_TFLOP, DEFAULT_SEEDS,
                                    SHIPPED_BASE, base_scores, ensure_base, make_plan,
-                                   parse_recipes, run_league, ship_base)
+                                   parse_recipes, run_league, ship_base, tatoeba_dir)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             base_dir = os.path.join(p.out, "base")
             ensure_base(base_dir, p.config, p.settings.base)
             base_scores(base_dir, p.config)
-            print(f"base shipped to {ship_base(base_dir, args.ship_base)}", flush=True)
+            shipped = ship_base(base_dir, args.ship_base, tatoeba_dir(p.config))
+            print(f"base shipped to {shipped}", flush=True)
             return 0
         run_league(p, command)
         return 0

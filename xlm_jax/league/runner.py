@@ -287,6 +287,11 @@ def ensure_base(base_dir: str, config: plan.LeagueConfig, settings: BaseSettings
 SHIPPED_BASE = "tasks/demo_data/league_base"
 SHIPPED_RECORD = "base_settings.json"  # the league's record of the base (steps, gin, digest)
 SHIPPED_SCORES = "scores.json"  # the held-out figures measured on the shipped parameters
+# Tatoeba retrieval of the shipped parameters on the demo's held-out files, every layer and
+# each sentence's hits (`RetrievalResult` JSON with the settings it was scored with): the
+# demo's base column, read instead of scored again (tests/league/league_base_test.py scores
+# it again)
+SHIPPED_RETRIEVAL = "retrieval.json"
 
 
 def shipped_base(settings: BaseSettings) -> str | None:
@@ -300,10 +305,11 @@ def shipped_base(settings: BaseSettings) -> str | None:
     return root
 
 
-def ship_base(base_dir: str, out_dir: str) -> str:
+def ship_base(base_dir: str, out_dir: str, tatoeba: str | None = None) -> str:
     """Writes the trained base of `base_dir` (its model_dir's last checkpoint: the encoder
     with its MLM head, what `init_from` reads) as a parameters-only model directory
-    `out_dir`, with the league's settings record and the base's held-out scores beside it."""
+    `out_dir`, with the league's settings record and the base's held-out scores beside it,
+    and (given the `tatoeba` folder) its retrieval result (`SHIPPED_RETRIEVAL`)."""
     from xlm_jax import model_dir as md
     from xlm_jax.convert import hf as hf_lib
 
@@ -328,7 +334,29 @@ def ship_base(base_dir: str, out_dir: str) -> str:
         if data is not None:
             write_json_atomic(os.path.join(out_dir, SHIPPED_SCORES if name == "score.json"
                                            else name), data)
+    if tatoeba:
+        write_json_atomic(os.path.join(out_dir, SHIPPED_RETRIEVAL),
+                          shipped_retrieval(out_dir, tatoeba))
     return out_dir
+
+
+def shipped_retrieval(model_dir: str, tatoeba: str) -> dict[str, Any]:
+    """Tatoeba retrieval of `model_dir` on `tatoeba` as the demo scores a model (every
+    layer, `retrieval.evaluate`'s defaults), with its settings; paths inside the package are
+    written relative to the package root (the shipped file names no machine's paths)."""
+    from xlm_jax.encoder import load_encoder
+    from xlm_jax.evaluation import retrieval
+    from xlm_jax.train import gin_utils
+
+    result = retrieval.evaluate(load_encoder(model_dir), tatoeba, layers="all",
+                                checkpoint=SHIPPED_BASE)
+    root = os.path.realpath(gin_utils.PACKAGE_ROOT)
+    where = os.path.realpath(tatoeba)
+    if where.startswith(root + os.sep):
+        where = os.path.relpath(where, root)
+    return {**result.to_json(), "settings": {
+        "tatoeba_dir": where, "languages": retrieval.find_languages(tatoeba), "layers": "all",
+        "pool": "mean", "max_sentences": None, "max_length": None, "batch_size": 64}}
 
 
 def cell_bindings(config: plan.LeagueConfig, cell: Cell, base_model: str) -> list[str]:
