@@ -169,8 +169,9 @@ def _run(args: argparse.Namespace) -> int:
         md.write_json(model_dir / f"retrieval_{name}.json", res.to_json())
         results[name] = res
 
-    # The base is scored while the two train, the control once it has finished (the paper's
-    # run, with its evaluator, takes longer), the paper's model last.
+    # The base is scored while the two train (or its shipped result read), the control once it
+    # has finished (the paper's run, with its evaluator, takes longer), the paper's model last
+    # (or its run's own eval of the last step read).
     shipped = shipped_base_result(base_model, args.tatoeba_dir, layer)
     with SideBySide(trainings) as training:
         if shipped is None:
