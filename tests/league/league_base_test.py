@@ -123,3 +123,35 @@ def test_the_shipped_retrieval_result_is_what_the_base_scores_today():
                         fresh.per_layer_language[stored.reported_layer][lang].hits):
             assert int(np.sum(a != b)) <= 1, lang
     assert demo.shipped_base_result(SHIPPED, tatoeba, 0) is None  # --layer 0: scored again
+
+
+def test_ship_base_writes_the_retrieval_result_the_demo_reads(tmp_path):
+    """`runner.ship_base` with a Tatoeba folder writes `retrieval.json` beside the shipped
+    parameters: the demo's scoring of them (equal to `retrieval.evaluate` of the shipped
+    copy, hits included), which `demo.shipped_base_result` takes for that folder only."""
+    import shutil
+
+    import numpy as np
+
+    from xlm_jax.encoder import load_encoder
+    from xlm_jax.evaluation import retrieval
+
+    base_dir = tmp_path / "base"
+    shutil.copytree(SHIPPED, base_dir / "model")  # a trained base's model dir, as ship_base reads
+    tatoeba = tmp_path / "tatoeba"
+    tatoeba.mkdir()
+    source = runner.tatoeba_dir(plan.LeagueConfig())
+    for lang in ("de", "ja"):
+        for side in (lang, "eng"):
+            name = f"tatoeba.{lang}-eng.{side}"
+            lines = open(os.path.join(source, name), encoding="utf-8").read().splitlines()[:24]
+            (tatoeba / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = runner.ship_base(str(base_dir), str(tmp_path / "shipped"), str(tatoeba))
+    stored = demo.shipped_base_result(out, str(tatoeba), "all")
+    assert stored is not None and stored.checkpoint == runner.SHIPPED_BASE
+    fresh = retrieval.evaluate(load_encoder(out), str(tatoeba), layers="all")
+    assert stored.per_layer == fresh.per_layer and stored.per_language == fresh.per_language
+    for lang in ("de", "ja"):
+        for a, b in zip(stored.per_language[lang].hits, fresh.per_language[lang].hits):
+            np.testing.assert_array_equal(a, b)
+    assert demo.shipped_base_result(out, source, "all") is None  # scored on other files
