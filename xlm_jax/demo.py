@@ -240,12 +240,11 @@ def stored_result(path: str, tatoeba_dir: str, layer: int | str) -> Any:
         return None
     with open(path, encoding="utf-8") as f:
         settings = json.load(f).get("settings") or {}
-    same = {"layers": "all", "pool": "mean", "max_sentences": None, "max_length": None,
-            "batch_size": 64, "languages": retrieval.find_languages(tatoeba_dir)}
+    same = retrieval.scoring_settings(tatoeba_dir, retrieval.find_languages(tatoeba_dir))
     scored_on = settings.get("tatoeba_dir") or "?"
     if not os.path.isabs(scored_on):  # the package's folder, in a checkout or a wheel
         scored_on = gin_utils.shipped_path(scored_on) or scored_on
-    if (any(settings.get(k, "?") != v for k, v in same.items())
+    if (any(settings.get(k, "?") != v for k, v in same.items() if k != "tatoeba_dir")
             or os.path.realpath(scored_on) != os.path.realpath(tatoeba_dir)):
         return None
     result = retrieval.RetrievalResult.load(path)

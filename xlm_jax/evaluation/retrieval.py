@@ -329,6 +329,19 @@ def read_pair(tatoeba_dir: str, lang: str) -> TatoebaPair:
     return TatoebaPair(lang, src, eng, src_path, eng_path)
 
 
+def scoring_settings(tatoeba_dir: str, languages: Sequence[str],
+                     layers: int | str | Sequence[int] = "all", pool: str = "mean",
+                     max_sentences: int | None = None, max_length: int | None = None,
+                     batch_size: int = 64) -> dict[str, Any]:
+    """How a result was scored, as a result file records it beside the scores (the training
+    evaluator's `eval/retrieval_stepN.json`, the shipped base's `retrieval.json`); the
+    defaults are `evaluate`'s, so `scoring_settings(dir, find_languages(dir))` is what a
+    plain `evaluate(encoder, dir)` scores (`max_sentences`: the first N lines of each file)."""
+    return {"tatoeba_dir": tatoeba_dir, "languages": list(languages),
+            "layers": layers if isinstance(layers, (int, str)) else list(layers), "pool": pool,
+            "max_sentences": max_sentences, "max_length": max_length, "batch_size": batch_size}
+
+
 # ----------------------------------------------------------------------------- evaluation
 
 def evaluate(encoder: Any, tatoeba_dir: str, layers: int | str | Sequence[int] = "all",

@@ -354,9 +354,8 @@ def shipped_retrieval(model_dir: str, tatoeba: str) -> dict[str, Any]:
     where = os.path.realpath(tatoeba)
     if where.startswith(root + os.sep):
         where = os.path.relpath(where, root)
-    return {**result.to_json(), "settings": {
-        "tatoeba_dir": where, "languages": retrieval.find_languages(tatoeba), "layers": "all",
-        "pool": "mean", "max_sentences": None, "max_length": None, "batch_size": 64}}
+    return {**result.to_json(),
+            "settings": retrieval.scoring_settings(where, retrieval.find_languages(tatoeba))}
 
 
 def cell_bindings(config: plan.LeagueConfig, cell: Cell, base_model: str) -> list[str]:

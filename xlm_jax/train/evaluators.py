@@ -382,10 +382,9 @@ needs no second scoring of its checkpoint (`python -m xlm_jax.demo` reads the la
     def settings(self) -> dict[str, Any]:
         """What the result file records of how it was scored (the demo compares these with
         its own scoring before it reuses a result)."""
-        return {"tatoeba_dir": os.path.abspath(self.tatoeba_dir), "languages": self._languages,
-                "layers": self.layers if isinstance(self.layers, (int, str))
-                else list(self.layers), "pool": self.pool, "max_sentences": self.max_sentences,
-                "max_length": self.max_length, "batch_size": self.batch_size}
+        return retrieval.scoring_settings(
+            os.path.abspath(self.tatoeba_dir), self._languages, self.layers, self.pool,
+            self.max_sentences, self.max_length, self.batch_size)
 
     def close(self) -> None:
         if getattr(self, "local", None) is not None:
