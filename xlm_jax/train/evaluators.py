@@ -289,10 +289,11 @@ class TatoebaRetrieval(Evaluator):
       acc1_layer{k}   each layer's mean acc@1 (%) (several layers only)
       seconds         the eval's wall time (gather + embed + rank)
 
-Each eval's whole result (every language and layer, each sentence's hits, and the settings
-it ran with) is also written to `model_dir/eval/{prefix}_step{N}.json` (`result_path`;
-`RetrievalResult.load` reads it), so a per-language table or a paired comparison of a step
-needs no second scoring of its checkpoint (`python -m xlm_jax.demo` reads the last one).
+    Each eval's whole result (every language and scored layer, each sentence's hits at the
+    reported layer, and the settings it ran with) is also written, by process 0, to
+    `model_dir/eval/{prefix}_step{N}.json` (`result_path`; `RetrievalResult.load` reads it),
+    so a per-language table or a paired comparison of a step needs no second scoring of its
+    checkpoint (`python -m xlm_jax.demo` reads the last one).
 
     `tatoeba_dir` holds tatoeba.{xx}-eng.{xx} + tatoeba.{xx}-eng.eng; `layers`: a layer
     (0 = embeddings), a list of layers or "all" (one forward pass for all); `pool` "mean" or
