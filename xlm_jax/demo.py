@@ -238,8 +238,8 @@ def stored_result(path: str, tatoeba_dir: str, layer: int | str) -> Any:
 
     if layer != "all" or not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        settings = json.load(f).get("settings") or {}
+    data = retrieval.read_result_json(path)
+    settings = data.get("settings") or {}
     same = retrieval.scoring_settings(tatoeba_dir, retrieval.find_languages(tatoeba_dir))
     scored_on = settings.get("tatoeba_dir") or "?"
     if not os.path.isabs(scored_on):  # the package's folder, in a checkout or a wheel
@@ -247,7 +247,7 @@ def stored_result(path: str, tatoeba_dir: str, layer: int | str) -> Any:
     if (any(settings.get(k, "?") != v for k, v in same.items() if k != "tatoeba_dir")
             or os.path.realpath(scored_on) != os.path.realpath(tatoeba_dir)):
         return None
-    result = retrieval.RetrievalResult.load(path)
+    result = retrieval.RetrievalResult.from_json(data, source=path)  # the file read once
     if any(s.hits is None for s in result.per_language.values()):
         return None
     return result

@@ -205,14 +205,19 @@ class RetrievalResult:
     @classmethod
     def load(cls, path: str) -> "RetrievalResult":
         """Reads a JSON file written by the CLI; errors name the file."""
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: retrieval result JSON not found")
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
-        return cls.from_json(data, source=path)
+        return cls.from_json(read_result_json(path), source=path)
+
+
+def read_result_json(path: str) -> dict[str, Any]:
+    """The JSON object of a result file, as written (its `settings` included, where a result
+    file records them); errors name the file."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: retrieval result JSON not found")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
 
 
 def _average(scores: Mapping[str, LanguageScore]) -> float:
