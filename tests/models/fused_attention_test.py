@@ -44,6 +44,9 @@ CASES = {
     "raw_cross_key_mask": Case("keys", bias="raw", tq=24, tk=40),
     "plain_padding": Case("padding", bias="none"),
     "gated_head_mask": Case("random_heads"),
+    # 4 x 4 tiles: the corner tiles lie MAX_DISTANCE or more apart (one saturated bucket,
+    # the kernels' far-tile branch), the others span one to all buckets
+    "gated_far_tiles": Case("padding", tq=64, tk=64),
 }
 
 

@@ -6,7 +6,9 @@ bias arrives *described* (:class:`~xlm_jax.models.position.RelativeBias`: the
 ``[num_buckets, H]`` table, per-token positions and the per-query gate factor ``[B, H, Tq]``)
 and each (query block, key block) tile recomputes it: T5 buckets from the positions (the
 arithmetic of :func:`~xlm_jax.models.position.relative_position_bucket`), a select loop over
-this head's table column, times the factor rows. The forward is flash-attention (online
+the buckets the tile holds (its [min, max] span of this head's table column; a tile whose
+keys all lie ``max_distance`` or more after or before its queries holds one saturated bucket
+and reads one entry), times the factor rows. The forward is flash-attention (online
 softmax, float32 accumulators, the logsumexp saved); the backward (``jax.custom_vjp``) is
 flash-attention-2 recomputation from the logsumexp in two kernels: one over key blocks (dk,
 dv), one over query blocks (dq, the factor's gradient ``Σ_j dS_ij·d_ij`` and per-block partial

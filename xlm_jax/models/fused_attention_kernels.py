@@ -68,43 +68,90 @@ class _Static:
 
 
 
-def _lookup(table_ref, bucket: jax.Array, num_buckets: int) -> jax.Array:
-    """``table[bucket]`` for one head's column: a select per bucket (no gather in the kernel)."""
+def _bucket_span(bucket: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The smallest and one past the largest bucket in a tile: the only buckets its lookup
+    and its table gradient need to visit.
+
+    A tile's relative distances span at most ``bq + bk - 1`` values, and the T5 buckets
+    saturate at ``max_distance``: a tile away from the diagonal holds one or two buckets, a
+    diagonal tile most of them. Visiting only ``[lo, hi)`` instead of every bucket cuts the
+    per-element selects of the gated-bias kernels (a select per bucket and element: a Triton
+    kernel cannot gather from the table) to the buckets a tile holds: at T = 512 with
+    64-wide tiles, 32 buckets and distance 128 (XLM-E's run files), 7.9 visits a tile on
+    average instead of 32 (``docs/experiments/bucket_visits.py``). Exact: a bucket outside
+    ``[lo, hi)`` matches no element of the tile.
+    """
+    return jnp.min(bucket), jnp.max(bucket) + 1
+
+
+def _lookup(table_ref, bucket: jax.Array, span: tuple[jax.Array, jax.Array]) -> jax.Array:
+    """``table[bucket]`` for one head's column: a select per bucket of the tile's ``span``
+    (no gather in the kernel)."""
 
     def body(n, d):
         return jnp.where(bucket == n, table_ref[n], d)
 
-    return jax.lax.fori_loop(0, num_buckets, body, jnp.zeros(bucket.shape, _F32))
+    return jax.lax.fori_loop(span[0], span[1], body, jnp.zeros(bucket.shape, _F32))
 
 
-def _bucket_sums(acc: jax.Array, bucket: jax.Array, g: jax.Array, num_buckets: int) -> jax.Array:
-    """``acc[n] += Σ g[bucket == n]`` for every bucket n: the table gradient of one tile."""
+def _bucket_sums(acc: jax.Array, bucket: jax.Array, g: jax.Array,
+                 span: tuple[jax.Array, jax.Array]) -> jax.Array:
+    """``acc[n] += Σ g[bucket == n]`` for every bucket n of the tile's ``span`` (the others
+    get nothing from this tile): the table gradient of one tile."""
     ids = jax.lax.broadcasted_iota(jnp.int32, acc.shape, 0)
 
     def body(n, acc):
         total = jnp.sum(jnp.where(bucket == n, g, 0.0))
         return acc + jnp.where(ids == n, total, 0.0)
 
-    return jax.lax.fori_loop(0, num_buckets, body, acc)
+    return jax.lax.fori_loop(span[0], span[1], body, acc)
+
+
+def _relative_tile(st: _Static, table_ref, pos_q: jax.Array, pos_k: jax.Array):
+    """``(d, bucket, span)`` of one tile: the raw bias, the buckets and their span.
+
+    A tile whose every key lies at least ``max_distance`` after (or before) every query holds
+    one bucket, the last of its half (the T5 buckets saturate there; at T = 512 with 64-wide
+    tiles and distance 128, 30 of the 64 tiles): it reads that one table entry and computes
+    no bucket per element. The others compute the buckets and look up their span.
+    """
+    shape = (pos_q.shape[0], pos_k.shape[0])
+    after = jnp.min(pos_k) - jnp.max(pos_q) >= st.max_distance
+    before = jnp.max(pos_k) - jnp.min(pos_q) <= -st.max_distance
+
+    half = st.num_buckets // 2
+    # the saturated bucket: the last of the upper half (keys after) or of the lower one
+    n_far = half - 1 + half * after.astype(jnp.int32)
+
+    def far(n):
+        bucket = jnp.full(shape, n, jnp.int32)
+        return jnp.full(shape, table_ref[n], _F32), bucket, (n, n + 1)
+
+    def near(_):
+        bucket = relative_position_bucket(
+            pos_k[None, :] - pos_q[:, None], st.num_buckets, st.max_distance
+        )
+        span = _bucket_span(bucket)
+        return _lookup(table_ref, bucket, span), bucket, span
+
+    return jax.lax.cond(after | before, far, near, n_far)
 
 
 def _tile(st: _Static, q, k, mask_tile, rel):
     """Scaled, biased, masked float32 logits of one tile ``[bq, bk]``.
 
     ``rel`` is None or ``(table_ref, pos_q [bq], pos_k [bk], factor [bq])``. Returns
-    ``(s, d, bucket)`` with the raw bias ``d`` and buckets (None without a relative bias).
+    ``(s, d, bucket, span)`` with the raw bias ``d``, the buckets and their ``_bucket_span``
+    (all None without a relative bias).
     """
     s = jnp.dot(q, k.T, preferred_element_type=_F32) * st.scale
-    d = bucket = None
+    d = bucket = span = None
     if rel is not None:
         table_ref, pos_q, pos_k, factor = rel
-        bucket = relative_position_bucket(
-            pos_k[None, :] - pos_q[:, None], st.num_buckets, st.max_distance
-        )
-        d = _lookup(table_ref, bucket, st.num_buckets)
+        d, bucket, span = _relative_tile(st, table_ref, pos_q, pos_k)
         s = s + d * factor[:, None]
     s = jnp.where(mask_tile != 0, s, MASK_VALUE)
-    return s, d, bucket
+    return s, d, bucket, span
 
 
 def _keep(st: _Static, key_rows, q_start, k_start, bq: int, bk: int) -> jax.Array:
@@ -161,7 +208,7 @@ def _forward_kernel(*refs, st: _Static):
         ks = pl.ds(j * bk, bk)
         mask_tile = _visible(st, mask_ref[:, ks], tok, slice(None), ks, q_start, j * bk, bq, bk)
         tile_rel = None if rel is None else (table_ref, pos_q, pk_ref[ks], factor)
-        s, _, _ = _tile(st, q, k_ref[ks, :], mask_tile, tile_rel)
+        s, _, _, _ = _tile(st, q, k_ref[ks, :], mask_tile, tile_rel)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         alpha = jnp.exp(m - m_new)
         p = jnp.exp(s - m_new[:, None])
@@ -206,7 +253,7 @@ def _dkv_kernel(*refs, st: _Static):
         mask_tile = _visible(st, mask_ref[qs, :] if st.mask_q else mask_ref[...], tok, qs,
                              slice(None), i * bq, k_start, bq, k.shape[0])
         tile_rel = None if rel is None else (table_ref, pq_ref[qs], pos_k, f_ref[qs])
-        s, _, _ = _tile(st, q, k, mask_tile, tile_rel)
+        s, _, _, _ = _tile(st, q, k, mask_tile, tile_rel)
         p = jnp.exp(s - lse_ref[qs][:, None])
         dp = jnp.dot(do, v.T, preferred_element_type=_F32)
         p_kept = p
@@ -248,7 +295,7 @@ def _dq_kernel(*refs, st: _Static):
         tile_rel = None if rel is None else (table_ref, pos_q, pk_ref[ks], factor)
         mask_tile = _visible(st, mask_ref[:, ks], tok, slice(None), ks, q_start, j * bk,
                              q.shape[0], bk)
-        s, d, bucket = _tile(st, q, k, mask_tile, tile_rel)
+        s, d, bucket, span = _tile(st, q, k, mask_tile, tile_rel)
         p = jnp.exp(s - lse[:, None])
         dp = jnp.dot(do, v.T, preferred_element_type=_F32)
         if st.dropout:
@@ -258,7 +305,7 @@ def _dq_kernel(*refs, st: _Static):
         dq = dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=_F32)
         if rel is not None:
             df = df + jnp.sum(ds * d, axis=1)
-            dt = _bucket_sums(dt, bucket, ds * factor[:, None], st.num_buckets)
+            dt = _bucket_sums(dt, bucket, ds * factor[:, None], span)
         return dq, df, dt
 
     n_table = table_ref.shape[0] if rel is not None else 1
