@@ -11,6 +11,8 @@ from xlm_jax.data.synthetic import synthetic_batch
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import WeightedObjective, init_params, objective_loss, report
+from xlm_jax.objectives import sampling
+from xlm_jax.objectives.masking import regular_token_logits
 from xlm_jax.objectives.xlme import ReplacedTokenDetection, replaced_ids
 
 CFG = get_config("tiny", vocab_size=64, num_layers=3, hidden_size=32, num_heads=4, mlp_dim=64,
@@ -88,6 +90,27 @@ def test_loss_terms_and_metrics_match_numpy(kind, narrow):
     assert float(got["count"]) == n_mask + n_tok
 
 
+def test_the_sampler_setting_draws_the_replacements():
+    """`sampler='two_level'` draws each row's replacements with `sampling.categorical` from
+    the generator's regular-token logits and that row's key; 'gumbel' keeps
+    `jax.random.categorical`'s draws (replacement_sampling_test.py: both follow the softmax)."""
+    draws = {}
+    for sampler in ("gumbel", "two_level"):
+        _, obj, params, prep = _setup(sampler=sampler)
+        f = obj.forward(params, prep, jax.random.PRNGKey(5), deterministic=True)
+        logits = regular_token_logits(f.gen_logits, obj.masking)
+        if sampler == "gumbel":
+            expected = jax.vmap(lambda k, lg: jax.random.categorical(k, lg, axis=-1))(
+                prep["sample_keys"], logits)
+        else:
+            expected = jax.vmap(lambda k, lg: sampling.categorical(k, lg, "two_level"))(
+                prep["sample_keys"], logits)
+        np.testing.assert_array_equal(np.asarray(f.sampled), np.asarray(expected))
+        draws[sampler] = np.asarray(f.sampled)[np.asarray(prep["target_weights"]) > 0]
+        assert (draws[sampler] >= 4).all() and (draws[sampler] != CFG.vocab_size - 1).all()
+    assert (draws["gumbel"] != draws["two_level"]).any()  # other draws, the same softmax
+
+
 def test_a_sample_equal_to_the_original_is_labelled_original():
     original = jnp.array([[0, 10, 11, 12, 2, 1]])
     positions = jnp.array([[1, 2, 3, 0]])
@@ -125,6 +148,7 @@ def test_discriminator_loss_sends_no_gradient_to_the_generator():
     ({"rtd_weight": -1.0}, r"rtd_weight=-1.0 \(lambda\) must be >= 0"),
     ({"kind": "split_pair"}, r"kind='split_pair' must be one of mono, pair"),
     ({"generator_position_type": "rotary"}, r"generator_position_type='rotary'"),
+    ({"sampler": "top_k"}, r"sampler='top_k' must be one of gumbel, two_level"),
 ])
 def test_bad_settings_are_named(kw, match):
     with pytest.raises(ValueError, match=match):
