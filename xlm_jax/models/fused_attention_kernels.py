@@ -204,7 +204,7 @@ def _forward_kernel(*refs, st: _Static):
         pos_q, factor = pq_ref[...], f_ref[...]
 
     def body(j, carry):
-        m, l, acc, seen = carry
+        m, l, acc = carry
         ks = pl.ds(j * bk, bk)
         mask_tile = _visible(st, mask_ref[:, ks], tok, slice(None), ks, q_start, j * bk, bq, bk)
         tile_rel = None if rel is None else (table_ref, pos_q, pk_ref[ks], factor)
@@ -218,17 +218,18 @@ def _forward_kernel(*refs, st: _Static):
             keep = _keep(st, key_rows, q_start, j * bk, bq, bk)
             p = jnp.where(keep, p * (1.0 / st.keep_prob), 0.0)
         acc = acc * alpha[:, None] + jnp.dot(p.astype(v.dtype), v, preferred_element_type=_F32)
-        visible = jnp.max(jnp.broadcast_to(mask_tile, s.shape).astype(_F32), axis=1)
-        return m_new, l, acc, jnp.maximum(seen, visible)
+        return m_new, l, acc
 
     init = (
         jnp.full((bq,), -jnp.inf, _F32),
         jnp.zeros((bq,), _F32),
         jnp.zeros((bq, v_ref.shape[-1]), _F32),
-        jnp.zeros((bq,), _F32),
     )
-    m, l, acc, seen = jax.lax.fori_loop(0, k_ref.shape[0] // bk, body, init)
-    seen = seen > 0
+    m, l, acc = jax.lax.fori_loop(0, k_ref.shape[0] // bk, body, init)
+    # A row saw a visible key iff its running max rose above the masked logits' MASK_VALUE
+    # (a visible logit is a finite score, far above -1e30; a row of masked logits only keeps
+    # m = MASK_VALUE): no per-tile reduction of the mask is needed to tell.
+    seen = m > 0.5 * MASK_VALUE
     # Rows with no visible key: output 0 and lse = +inf (so recomputed probabilities are 0).
     safe_l = jnp.where(seen, l, 1.0)
     o_ref[...] = jnp.where(seen[:, None], acc / safe_l[:, None], 0.0).astype(o_ref.dtype)
