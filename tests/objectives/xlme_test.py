@@ -11,7 +11,7 @@ from xlm_jax.data.synthetic import synthetic_batch
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import WeightedObjective, init_params, objective_loss, report
-from xlm_jax.objectives import sampling
+from xlm_jax.objectives import vocab_sampling
 from xlm_jax.objectives.masking import regular_token_logits
 from xlm_jax.objectives.xlme import ReplacedTokenDetection, replaced_ids
 
@@ -91,9 +91,9 @@ def test_loss_terms_and_metrics_match_numpy(kind, narrow):
 
 
 def test_the_sampler_setting_draws_the_replacements():
-    """`sampler='two_level'` draws each row's replacements with `sampling.categorical` from
+    """`sampler='two_level'` draws each row's replacements with `vocab_sampling.categorical` from
     the generator's regular-token logits and that row's key; 'gumbel' keeps
-    `jax.random.categorical`'s draws (replacement_sampling_test.py: both follow the softmax)."""
+    `jax.random.categorical`'s draws (vocab_sampling_test.py: both follow the softmax)."""
     draws = {}
     for sampler in ("gumbel", "two_level"):
         _, obj, params, prep = _setup(sampler=sampler)
@@ -103,7 +103,7 @@ def test_the_sampler_setting_draws_the_replacements():
             expected = jax.vmap(lambda k, lg: jax.random.categorical(k, lg, axis=-1))(
                 prep["sample_keys"], logits)
         else:
-            expected = jax.vmap(lambda k, lg: sampling.categorical(k, lg, "two_level"))(
+            expected = jax.vmap(lambda k, lg: vocab_sampling.categorical(k, lg, "two_level"))(
                 prep["sample_keys"], logits)
         np.testing.assert_array_equal(np.asarray(f.sampled), np.asarray(expected))
         draws[sampler] = np.asarray(f.sampled)[np.asarray(prep["target_weights"]) > 0]

@@ -51,7 +51,7 @@ detection loss by the number of tokens rather than 1. Both objectives declare th
   only through the shared embeddings). Samples use per-row keys drawn in `prepare`, so
   gradient accumulation sees the same samples as one large step. `sampler` says how:
   "gumbel" (`jax.random.categorical`, the default) or "two_level" (the same distribution
-  from a chunk's Gumbel noise, about 490 times fewer random draws; `objectives/sampling.py`).
+  from a chunk's Gumbel noise, about 490 times fewer random draws; `objectives/vocab_sampling.py`).
 - Labels: a position is "replaced" iff the token the discriminator sees differs from the
   original. A sampled token equal to the original therefore counts as original, ELECTRA's
   convention; XLM-E's text ("predict whether each token is replaced") does not settle this
@@ -81,7 +81,7 @@ from xlm_jax.models.config import POSITION_TYPES, ModelConfig
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.objectives.base import (Batch, HealthCheck, LossOutput, Metric, Objective,
                                      masked_lm_checks, check_kind, loss_rising_check)
-from xlm_jax.objectives import sampling
+from xlm_jax.objectives import vocab_sampling
 from xlm_jax.objectives.masking import MaskingConfig, mask_tokens, regular_token_logits
 from xlm_jax.objectives.mlm import (check_restart, encoder_kwargs, masked_lm_sums,
                                     with_restarted_positions)
@@ -190,10 +190,10 @@ class ReplacedTokenDetection(Objective):
         if not temperature > 0:
             raise ValueError(f"{owner}: temperature={temperature!r} must be > 0")
         self.rtd_weight, self.temperature = float(rtd_weight), float(temperature)
-        if sampler not in sampling.SAMPLERS:
+        if sampler not in vocab_sampling.SAMPLERS:
             raise ValueError(f"{owner}: sampler={sampler!r} must be one of "
-                             f"{', '.join(sampling.SAMPLERS)}")
-        self.sampler = sampler  # how replacements are drawn (objectives/sampling.py)
+                             f"{', '.join(vocab_sampling.SAMPLERS)}")
+        self.sampler = sampler  # how replacements are drawn (objectives/vocab_sampling.py)
         self.term_weights = {"mlm": 1.0, "rtd": self.rtd_weight}  # paper §4.1: lambda = 50
         # uniform selection, every selected token -> <mask> (paper §2); rate: our choice
         self.masking = MaskingConfig(mask_prob=mask_prob, max_predictions=max_predictions,
@@ -315,7 +315,7 @@ class ReplacedTokenDetection(Objective):
         # <unk>, <mask> never stand for a word (our choice; the paper does not say).
         logits = regular_token_logits(jax.lax.stop_gradient(gen_logits) / self.temperature,
                                       self.masking)
-        sampled = jax.vmap(lambda k, lg: sampling.categorical(k, lg, self.sampler))(
+        sampled = jax.vmap(lambda k, lg: vocab_sampling.categorical(k, lg, self.sampler))(
             prepared["sample_keys"], logits)
         original = prepared["original_ids"]
         disc_ids, labels = replaced_ids(original, positions, sampled, weights)

@@ -15,7 +15,7 @@ uniform number picks a chunk by inverse CDF over those masses (P(chunk) = its ma
 total); Gumbel noise over that chunk's ids picks the id (P(id | chunk) = its softmax within the
 chunk). The product is the id's softmax probability, exactly up to float32 rounding of the
 masses. The draws differ from ``"gumbel"``'s, so a run switched between them trains on other
-replacements from the same distribution (``tests/objectives/replacement_sampling_test.py``
+replacements from the same distribution (``tests/objectives/vocab_sampling_test.py``
 checks both against the softmax with a chi-square test).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests for xlm_jax.objectives.sampling: both samplers draw from softmax(logits).
+"""Tests for xlm_jax.objectives.vocab_sampling: both samplers draw from softmax(logits).
 
 The oracle is the softmax itself (numpy): a Pearson chi-square test of many draws against it,
 at a fixed key (so each run sees the same draws; the bound is far in the tail, a sampler with
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from xlm_jax.models.heads import PADDED_LOGIT
-from xlm_jax.objectives import sampling
+from xlm_jax.objectives import vocab_sampling
 
 VOCAB, DRAWS = 37, 60_000
 
@@ -43,7 +43,7 @@ def _chi_square(ids: np.ndarray, logits: np.ndarray) -> tuple[float, int]:
 def test_draws_follow_the_softmax(method, chunk):
     logits = _logits()
     rows = jnp.broadcast_to(jnp.asarray(logits), (DRAWS, VOCAB))
-    ids = np.asarray(jax.jit(sampling.categorical, static_argnums=(2, 3))(
+    ids = np.asarray(jax.jit(vocab_sampling.categorical, static_argnums=(2, 3))(
         jax.random.key(7), rows, method, chunk))
     assert ids.shape == (DRAWS,) and ids.dtype == np.int32
     stat, dof = _chi_square(ids, logits)
@@ -57,13 +57,13 @@ def test_a_wrongly_weighted_chunk_is_caught():
     logits = _logits()
     key = jax.random.key(7)
     rows = jnp.broadcast_to(jnp.asarray(logits), (DRAWS, VOCAB))
-    flat = np.asarray(sampling.categorical(key, rows, "two_level", 8))
-    original = sampling.choose_chunk
+    flat = np.asarray(vocab_sampling.categorical(key, rows, "two_level", 8))
+    original = vocab_sampling.choose_chunk
     try:
-        sampling.choose_chunk = lambda mass, u: original(jnp.where(mass > 0, 1.0, 0.0), u)
-        skewed = np.asarray(sampling.categorical(key, rows, "two_level", 8))
+        vocab_sampling.choose_chunk = lambda mass, u: original(jnp.where(mass > 0, 1.0, 0.0), u)
+        skewed = np.asarray(vocab_sampling.categorical(key, rows, "two_level", 8))
     finally:
-        sampling.choose_chunk = original
+        vocab_sampling.choose_chunk = original
     assert _chi_square(flat, logits)[0] < 70.0
     assert _chi_square(skewed, logits)[0] > 1000.0
 
@@ -71,24 +71,25 @@ def test_a_wrongly_weighted_chunk_is_caught():
 def test_choose_chunk_is_the_inverse_cdf_and_skips_empty_chunks():
     mass = jnp.asarray([[0.0, 1.0, 0.0, 3.0, 0.0]] * 6)
     u = jnp.asarray([0.0, 0.2499, 0.25, 0.9, 0.99999994, 1.0])  # 1.0: rounding's worst case
-    np.testing.assert_array_equal(np.asarray(sampling.choose_chunk(mass, u)), [1, 1, 3, 3, 3, 3])
+    picked = vocab_sampling.choose_chunk(mass, u)
+    np.testing.assert_array_equal(np.asarray(picked), [1, 1, 3, 3, 3, 3])
 
 
 def test_leading_axes_and_per_row_keys_as_xlme_uses_them():
     """[rows, predictions, V] with one key per row under vmap, as the objective draws."""
     logits = jnp.asarray(np.random.default_rng(1).normal(size=(3, 4, VOCAB)), jnp.float32)
     keys = jax.random.split(jax.random.key(0), 3)
-    ids = jax.vmap(lambda k, lg: sampling.categorical(k, lg, "two_level", 8))(keys, logits)
+    ids = jax.vmap(lambda k, lg: vocab_sampling.categorical(k, lg, "two_level", 8))(keys, logits)
     assert ids.shape == (3, 4) and int(ids.min()) >= 0 and int(ids.max()) < VOCAB
-    again = jax.vmap(lambda k, lg: sampling.categorical(k, lg, "two_level", 8))(keys, logits)
+    again = jax.vmap(lambda k, lg: vocab_sampling.categorical(k, lg, "two_level", 8))(keys, logits)
     np.testing.assert_array_equal(np.asarray(ids), np.asarray(again))  # a function of the key
     gumbel = jax.vmap(lambda k, lg: jax.random.categorical(k, lg, axis=-1))(keys, logits)
-    same = jax.vmap(lambda k, lg: sampling.categorical(k, lg, "gumbel"))(keys, logits)
+    same = jax.vmap(lambda k, lg: vocab_sampling.categorical(k, lg, "gumbel"))(keys, logits)
     np.testing.assert_array_equal(np.asarray(same), np.asarray(gumbel))  # the old draws
 
 
 def test_bad_method_and_chunk_are_one_line_errors():
     with pytest.raises(ValueError, match=r"sampler='top_k' must be one of gumbel, two_level"):
-        sampling.categorical(jax.random.key(0), jnp.zeros((2, 4)), "top_k")
+        vocab_sampling.categorical(jax.random.key(0), jnp.zeros((2, 4)), "top_k")
     with pytest.raises(ValueError, match=r"chunk=0 must be >= 1"):
-        sampling.categorical(jax.random.key(0), jnp.zeros((2, 4)), "two_level", 0)
+        vocab_sampling.categorical(jax.random.key(0), jnp.zeros((2, 4)), "two_level", 0)
