@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from xlm_jax.models import attention_backends
 from xlm_jax.models.heads import PADDED_LOGIT
 from xlm_jax.objectives import vocab_sampling
 
@@ -88,8 +89,22 @@ def test_leading_axes_and_per_row_keys_as_xlme_uses_them():
     np.testing.assert_array_equal(np.asarray(same), np.asarray(gumbel))  # the old draws
 
 
+def test_auto_is_two_level_when_lowered_for_a_gpu_and_gumbel_otherwise():
+    logits = jnp.asarray(np.random.default_rng(2).normal(size=(5, VOCAB)), jnp.float32)
+    key = jax.random.key(3)
+    draws = {m: np.asarray(vocab_sampling.categorical(key, logits, m))
+             for m in ("gumbel", "two_level")}
+    assert (draws["gumbel"] != draws["two_level"]).any()  # the two can be told apart
+    for platform, expected in (("cpu", "gumbel"), ("tpu", "gumbel"), ("cuda", "two_level")):
+        with attention_backends.lowering_for(platform):
+            assert vocab_sampling.resolve("auto") == expected
+            got = np.asarray(vocab_sampling.categorical(key, logits, "auto"))
+        np.testing.assert_array_equal(got, draws[expected])
+    assert vocab_sampling.resolve("two_level") == "two_level"
+
+
 def test_bad_method_and_chunk_are_one_line_errors():
-    with pytest.raises(ValueError, match=r"sampler='top_k' must be one of gumbel, two_level"):
+    with pytest.raises(ValueError, match=r"sampler='top_k' must be one of gumbel, two_level, auto"):
         vocab_sampling.categorical(jax.random.key(0), jnp.zeros((2, 4)), "top_k")
     with pytest.raises(ValueError, match=r"chunk=0 must be >= 1"):
         vocab_sampling.categorical(jax.random.key(0), jnp.zeros((2, 4)), "two_level", 0)

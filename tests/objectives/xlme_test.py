@@ -148,7 +148,7 @@ def test_discriminator_loss_sends_no_gradient_to_the_generator():
     ({"rtd_weight": -1.0}, r"rtd_weight=-1.0 \(lambda\) must be >= 0"),
     ({"kind": "split_pair"}, r"kind='split_pair' must be one of mono, pair"),
     ({"generator_position_type": "rotary"}, r"generator_position_type='rotary'"),
-    ({"sampler": "top_k"}, r"sampler='top_k' must be one of gumbel, two_level"),
+    ({"sampler": "top_k"}, r"sampler='top_k' must be one of gumbel, two_level, auto"),
 ])
 def test_bad_settings_are_named(kw, match):
     with pytest.raises(ValueError, match=match):

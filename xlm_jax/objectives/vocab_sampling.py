@@ -23,20 +23,36 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-SAMPLERS = ("gumbel", "two_level")
+from xlm_jax.models import attention_backends
+
+SAMPLERS = ("gumbel", "two_level", "auto")
 # Ids per chunk of the two-level sampler (our choice): 489 chunks of a 250k vocabulary, so the
 # inverse CDF runs over a short row and the Gumbel draw over 512 ids instead of 250,002.
 CHUNK: int = 512
 
 
+def resolve(method: str) -> str:
+    """``method``, with ``"auto"`` made ``"two_level"`` when the step is lowered for a GPU and
+    ``"gumbel"`` otherwise (`attention_backends.target_platform`, so a compile-only target
+    counts). On a GPU the Gumbel fusion is bound by threefry's integer arithmetic (8.0 ms in
+    the 41309d3 trace); on a TPU the cost model's datasheet ceiling predicts the opposite for
+    XLM-E's base step on v5p (gumbel 39.7 ms, two_level 44.6: the chunks' padding and
+    relayout cost more there than the random bits; docs/performance.md). Our choice."""
+    if method != "auto":
+        return method
+    return "two_level" if attention_backends.target_platform() == "gpu" else "gumbel"
+
+
 def categorical(key: jax.Array, logits: jax.Array, method: str = "gumbel",
                 chunk: int = CHUNK) -> jax.Array:
-    """One id per row of ``logits [..., V]``, drawn from ``softmax(logits)`` by ``method``.
+    """One id per row of ``logits [..., V]``, drawn from ``softmax(logits)`` by ``method``
+    (``"gumbel"``, ``"two_level"``, or ``"auto"``: see `resolve`).
 
     Entries of ``-inf`` (or logits so low that their float32 exponent underflows, as
     ``heads.PADDED_LOGIT``) are never drawn, unless a whole row is such (then some id of the
     row). Returns int32 ``[...]``.
     """
+    method = resolve(method)
     if method == "gumbel":
         return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
     if method != "two_level":

@@ -50,8 +50,9 @@ detection loss by the number of tokens rather than 1. Both objectives declare th
   the sample (it is an integer; the discriminator loss reaches the generator
   only through the shared embeddings). Samples use per-row keys drawn in `prepare`, so
   gradient accumulation sees the same samples as one large step. `sampler` says how:
-  "gumbel" (`jax.random.categorical`, the default) or "two_level" (the same distribution
-  from a chunk's Gumbel noise, about 490 times fewer random draws; `objectives/vocab_sampling.py`).
+  "gumbel" (`jax.random.categorical`, the default), "two_level" (the same distribution
+  from a chunk's Gumbel noise, about 490 times fewer random draws) or "auto" (two_level when
+  lowered for a GPU, gumbel elsewhere; `objectives/vocab_sampling.py`).
 - Labels: a position is "replaced" iff the token the discriminator sees differs from the
   original. A sampled token equal to the original therefore counts as original, ELECTRA's
   convention; XLM-E's text ("predict whether each token is replaced") does not settle this
