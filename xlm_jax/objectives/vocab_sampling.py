@@ -31,6 +31,13 @@ SAMPLERS = ("gumbel", "two_level", "auto")
 CHUNK: int = 512
 
 
+def check_sampler(method: str, owner: str) -> str:
+    """``method`` if it names a sampler, else a ValueError naming ``owner`` and the setting."""
+    if method not in SAMPLERS:
+        raise ValueError(f"{owner}: sampler={method!r} must be one of {', '.join(SAMPLERS)}")
+    return method
+
+
 def resolve(method: str) -> str:
     """``method``, with ``"auto"`` made ``"two_level"`` when the step is lowered for a GPU and
     ``"gumbel"`` otherwise (`attention_backends.target_platform`, so a compile-only target
@@ -52,11 +59,9 @@ def categorical(key: jax.Array, logits: jax.Array, method: str = "gumbel",
     ``heads.PADDED_LOGIT``) are never drawn, unless a whole row is such (then some id of the
     row). Returns int32 ``[...]``.
     """
-    method = resolve(method)
+    method = resolve(check_sampler(method, "vocab_sampling.categorical"))
     if method == "gumbel":
         return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
-    if method != "two_level":
-        raise ValueError(f"sampler={method!r} must be one of {', '.join(SAMPLERS)}")
     if chunk < 1:
         raise ValueError(f"two_level sampler: chunk={chunk!r} must be >= 1")
     *lead, vocab = logits.shape

@@ -191,10 +191,8 @@ class ReplacedTokenDetection(Objective):
         if not temperature > 0:
             raise ValueError(f"{owner}: temperature={temperature!r} must be > 0")
         self.rtd_weight, self.temperature = float(rtd_weight), float(temperature)
-        if sampler not in vocab_sampling.SAMPLERS:
-            raise ValueError(f"{owner}: sampler={sampler!r} must be one of "
-                             f"{', '.join(vocab_sampling.SAMPLERS)}")
-        self.sampler = sampler  # how replacements are drawn (objectives/vocab_sampling.py)
+        # how replacements are drawn (objectives/vocab_sampling.py)
+        self.sampler = vocab_sampling.check_sampler(sampler, owner)
         self.term_weights = {"mlm": 1.0, "rtd": self.rtd_weight}  # paper §4.1: lambda = 50
         # uniform selection, every selected token -> <mask> (paper §2); rate: our choice
         self.masking = MaskingConfig(mask_prob=mask_prob, max_predictions=max_predictions,
