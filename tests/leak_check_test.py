@@ -3,8 +3,10 @@ that made it, naming what it left, and nothing after it; changes undone in time,
 module does when first imported, are not leaks; each kind of state it compares is seen."""
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -55,6 +57,22 @@ def test_a_reload_may_not():
     import planted_counter
 
     importlib.reload(planted_counter)
+
+
+def test_leaves_a_module_it_wrote_imported(tmp_path, monkeypatch):
+    (tmp_path / "planted_tasks.py").write_text("X = 1\\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # sys.path is put back; the module stays
+    import planted_tasks  # noqa: F401
+
+
+def test_forgets_the_module_it_wrote(tmp_path):
+    from tests.testlib import temp_modules
+
+    (tmp_path / "planted_tasks.py").write_text("X = 2\\n")
+    with temp_modules.importable(str(tmp_path)):
+        import planted_tasks
+
+        assert planted_tasks.X == 2  # its own, not the one the test before wrote
 '''
 
 # A module that counts how often it was executed, in os.environ[NAME].
@@ -77,23 +95,35 @@ def test_planted_leaks_fail_the_tests_that_left_them_and_only_those(tmp_path):
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.testlib.leak_check"]\n')
     (tmp_path / "pytest.ini").write_text("[pytest]\npython_files = *_planted.py\n")
     (tmp_path / "leaks_planted.py").write_text(textwrap.dedent(PLANTED))
-    (tmp_path / "planted_module.py").write_text(PLANTED_MODULE)
-    (tmp_path / "planted_counter.py").write_text(COUNT_IMPORTS.format("XLM_JAX_PLANTED_RUNS"))
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_", "XLM_JAX_PLANTED"))}
-    env["PYTHONPATH"] = os.pathsep.join([ROOT, str(tmp_path)])
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
-         "leaks_planted.py"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    # the "library" modules lie outside pytest's temporary directories, as an installed
+    # library does (a module under them is a test's own: its first import is no excuse)
+    lib = tempfile.mkdtemp(prefix="xlm_jax_planted_lib_")
+    try:
+        with open(os.path.join(lib, "planted_module.py"), "w") as f:
+            f.write(PLANTED_MODULE)
+        with open(os.path.join(lib, "planted_counter.py"), "w") as f:
+            f.write(COUNT_IMPORTS.format("XLM_JAX_PLANTED_RUNS"))
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("PYTEST_", "XLM_JAX_PLANTED"))}
+        env["PYTHONPATH"] = os.pathsep.join([ROOT, lib])
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+             "leaks_planted.py"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        shutil.rmtree(lib, ignore_errors=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
-    assert "6 passed, 3 errors" in out, out
+    assert "8 passed, 4 errors" in out, out
     errors = sorted(line.split(" - ")[0] for line in out.splitlines()
                     if line.startswith("ERROR "))
     assert errors == ["ERROR leaks_planted.py::test_a_reload_may_not",
+                      "ERROR leaks_planted.py::test_leaves_a_module_it_wrote_imported",
                       "ERROR leaks_planted.py::test_registers_a_configurable",
                       "ERROR leaks_planted.py::test_sets_an_environment_variable"], out
+    assert ("leaks_planted.py::test_leaves_a_module_it_wrote_imported left the process changed"
+            in out and "modules imported from a temporary directory: planted_tasks: added "
+            "<module from " in out), out
     # each names what it left behind
     assert ("leaks_planted.py::test_registers_a_configurable left the process changed" in out
             and "gin registry: planted.Planted: added (leaks_planted.Planted)" in out

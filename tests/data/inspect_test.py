@@ -17,6 +17,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 spm = pytest.importorskip("sentencepiece")
 
+from tests.testlib import temp_modules  # noqa: E402
 from xlm_jax.data import inspect as data_inspect  # noqa: E402
 from xlm_jax.data import pipeline_bench  # noqa: E402
 
@@ -110,10 +111,10 @@ def registering_module(tmp_path_factory, train_xlmr_spm):
     return {"dir": str(root), "tokens": tokens}
 
 
-def test_mixture_stats_table(registering_module, monkeypatch, capsys):
-    monkeypatch.syspath_prepend(registering_module["dir"])
-    assert data_inspect.main(["--mixture", "insp_mix", "--stats", "3000", "--module",
-                              "insp_reg", "--sequence_length", "16"]) == 0
+def test_mixture_stats_table(registering_module, seqio_isolated, capsys):
+    with temp_modules.importable(registering_module["dir"]):
+        assert data_inspect.main(["--mixture", "insp_mix", "--stats", "3000", "--module",
+                                  "insp_reg", "--sequence_length", "16"]) == 0
     out = capsys.readouterr().out
     rows = {m.group(1): (float(m.group(2)), float(m.group(3)), int(m.group(5))) for m in
             re.finditer(r"^\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([+-][\d.]+)\s+(\d+)$", out, re.M)}
@@ -127,11 +128,11 @@ def test_mixture_stats_table(registering_module, monkeypatch, capsys):
     assert sum(r[2] for r in rows.values()) == 3000
 
 
-def test_pipeline_bench_cli(registering_module, monkeypatch, capsys):
-    monkeypatch.syspath_prepend(registering_module["dir"])
-    res = pipeline_bench.main(["--pipeline", "insp_mix", "--module", "insp_reg", "--batches",
-                               "4", "--warmup", "1", "--batch_size", "4",
-                               "--sequence_length", "32"])
+def test_pipeline_bench_cli(registering_module, seqio_isolated, capsys):
+    with temp_modules.importable(registering_module["dir"]):
+        res = pipeline_bench.main(["--pipeline", "insp_mix", "--module", "insp_reg",
+                                   "--batches", "4", "--warmup", "1", "--batch_size", "4",
+                                   "--sequence_length", "32"])
     out = capsys.readouterr().out
     assert "pipeline insp_mix: batch 4 x 32, 4 batches" in out and "tokens/s (non-pad)" in out
     assert res.examples_per_s > 0 and res.tokens_per_s > 0 and 0 <= res.pad_fraction < 1
@@ -140,8 +141,10 @@ def test_pipeline_bench_cli(registering_module, monkeypatch, capsys):
     # reach the pipeline (it once stayed with the training benchmark's parser: batch 32 was timed)
     from xlm_jax.accelerator import bench
 
-    assert bench.main(["--pipeline", "insp_mix", "--module", "insp_reg", "--batches", "4",
-                       "--warmup", "1", "--batch_size", "4", "--sequence_length", "32"]) == 0
+    with temp_modules.importable(registering_module["dir"]):
+        assert bench.main(["--pipeline", "insp_mix", "--module", "insp_reg", "--batches",
+                           "4", "--warmup", "1", "--batch_size", "4",
+                           "--sequence_length", "32"]) == 0
     assert "pipeline insp_mix: batch 4 x 32, 4 batches" in capsys.readouterr().out
 
 
@@ -163,7 +166,7 @@ def test_cli_errors_are_one_line(capsys):
 
 
 def test_task_length_by_default_and_no_cache_in_the_data_folder(tmp_path, monkeypatch, capsys,
-                                                               train_xlmr_spm):
+                                                               train_xlmr_spm, seqio_isolated):
     """Without --sequence_length the examples are built at the task's registered length, and
     inspecting a corpus writes nothing into its folder (the size cache goes to the cache dir)."""
     data = tmp_path / "corpus"
@@ -175,9 +178,10 @@ def test_task_length_by_default_and_no_cache_in_the_data_folder(tmp_path, monkey
         registry.register_monolingual("insp_len", {str(data)!r}, ["en"],
                                       {str(tmp_path / "spm.model")!r}, sequence_length=24)
     """))
-    monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("XLM_JAX_STATS_DIR", str(tmp_path / "cache"))
-    assert data_inspect.main(["--task", "insp_len", "--n", "1", "--module", "insp_len_reg"]) == 0
+    with temp_modules.importable(str(tmp_path)):
+        assert data_inspect.main(["--task", "insp_len", "--n", "1", "--module",
+                                  "insp_len_reg"]) == 0
     assert "(kind mono, length 24)" in capsys.readouterr().out
     assert sorted(p.name for p in data.iterdir()) == ["en.txt"]
     assert len(list((tmp_path / "cache").iterdir())) == 1

@@ -42,6 +42,7 @@ def corpus(tmp_path_factory):
     r = pc.prepare(root, out)
     assert r.returncode == 0, r.stderr[-3000:]
     with process_state.restored("seqio", "prepared data"), pc.on_path(root):
+        importlib.import_module(pc.MODULE)  # the module's, forgotten after it (on_path)
         yield root, out, r
 
 

@@ -2,6 +2,7 @@
 the bytes it reads (the OS's count), its throughput, and resumes, as JSON."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 
@@ -29,6 +30,7 @@ def corpus(tmp_path_factory):
     # prepared data; seqio, the prepared-data switch and sys.path as before after them
     with process_state.restored("seqio", "prepared data"), pc.on_path(root):
         pc.prepare_here(root, out, pattern="pd_mono")
+        importlib.import_module(pc.MODULE)  # the module's, forgotten after it (on_path)
         yield root, out
 
 

@@ -16,7 +16,8 @@ import pytest
 from tests.testlib import process_state
 
 HINT = ("undo it in the test: monkeypatch (setenv, chdir, syspath_prepend), the gin_isolated "
-        "fixture for gin, or a fixture that removes what it registered")
+        "fixture for gin, a fixture that removes what it registered, "
+        "temp_modules.importable for a module written into tmp_path")
 
 
 def check(what: str) -> Iterator[None]:

@@ -14,8 +14,8 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 
+from tests.testlib import temp_modules
 from tests.testlib.cli_run import ROOT, env
 
 DEMO = os.path.join(ROOT, "tasks", "demo_data")
@@ -104,19 +104,13 @@ def prepare_here(root: str, output_dir: str, pattern: str = PATTERN,
                             run_units=lambda items, _: [run_unit(i) for i in items])
 
 
-@contextlib.contextmanager
-def on_path(root: str) -> Iterator[None]:
-    """`root` (where `write` put `prep_tasks.py`) first on sys.path for the block, unless it is
-    there already; sys.path as before after it. `prep_tasks` stays imported: a tasks module
-    registers its tasks when first imported, and a reload finds it on sys.path again."""
-    added = root not in sys.path
-    if added:
-        sys.path.insert(0, root)
-    try:
-        yield
-    finally:
-        if added:
-            sys.path.remove(root)
+def on_path(root: str) -> contextlib.AbstractContextManager[None]:
+    """`root` (where `write` put `prep_tasks.py`) first on sys.path for the block; after it,
+    sys.path as before and the `prep_tasks` imported from `root` forgotten
+    (`temp_modules.importable`). Inside, a tasks module registers its tasks when first
+    imported, and a reload finds it on sys.path again; the next block imports its own
+    `prep_tasks` over its own corpus."""
+    return temp_modules.importable(root)
 
 
 def tree(directory: str) -> dict[str, bytes]:

@@ -160,6 +160,40 @@ def _prepared() -> dict[Hashable, Any]:
     return {name: getattr(choice, name)[0] for name in PREPARED_CELLS}
 
 
+TEMPORARY_MODULES = "modules imported from a temporary directory"
+_TEMP_ROOTS: tuple[str, ...] = ()
+_ORIGIN: dict[tuple[str, int], bool] = {}  # (name, id(module)) -> from a test's directory
+
+
+def is_temporary(path: Any) -> bool:
+    """Whether a module file lies under pytest's temporary directories (`tmp_path` and
+    `tmp_path_factory`: `<tmp>/pytest-of-<user>/`), where tests write tasks modules."""
+    global _TEMP_ROOTS
+    if not _TEMP_ROOTS:
+        import tempfile  # the standard library, imported by pytest already
+
+        bases = {tempfile.gettempdir(), os.path.realpath(tempfile.gettempdir())}
+        _TEMP_ROOTS = tuple(os.path.join(b, "pytest-of-") for b in bases)
+    return isinstance(path, str) and path.startswith(_TEMP_ROOTS)
+
+
+def _temporary_modules() -> dict[Hashable, Any]:
+    """Modules imported from a test's temporary directory (a tasks module it wrote): left in
+    `sys.modules`, the next test that imports the same name gets this one, bound to the first
+    test's files (issue 56: `prep_tasks` imported by one file read another file's corpus,
+    deleted by then). The library's and installed modules never lie there, so this stays
+    empty between tests (`temp_modules.importable` forgets them)."""
+    out: dict[Hashable, Any] = {}
+    for name, module in list(sys.modules.items()):
+        key = (name, id(module))
+        temp = _ORIGIN.get(key)
+        if temp is None:
+            temp = _ORIGIN[key] = is_temporary(getattr(module, "__file__", None))
+        if temp:
+            out[name] = module
+    return out
+
+
 # `data.prepared.choice`'s state, one-element lists.
 PREPARED_CELLS = ("_PREPARING", "_SELECTING", "_READING", "_DEFAULT")
 
@@ -167,7 +201,8 @@ PREPARED_CELLS = ("_PREPARING", "_SELECTING", "_READING", "_DEFAULT")
 def snapshot() -> State:
     """The state now, of the libraries this process has imported (none is imported here)."""
     state: State = {"environment": _environment(), "process": _process(),
-                    "logging": _logging(), "prepared data": _prepared()}
+                    "logging": _logging(), "prepared data": _prepared(),
+                    TEMPORARY_MODULES: _temporary_modules()}
     gin_config = sys.modules.get("gin.config")
     if gin_config is not None and hasattr(gin_config, "_OPERATIVE_CONFIG_LOCK"):
         state.update(gin_globals(gin_config))
@@ -250,7 +285,10 @@ class ImportObserver:
         self._original: Callable[[Any], Any] = bootstrap._load_unlocked
 
         def _load_unlocked(spec: Any) -> Any:
-            if not self._watches or getattr(self._local, "depth", 0):
+            if (not self._watches or getattr(self._local, "depth", 0)
+                    or is_temporary(getattr(spec, "origin", None))):
+                # a module a test wrote is the test's doing, its registrations too (the
+                # first imports it makes in turn are observed on their own)
                 return self._original(spec)
             self._local.depth = 1
             before = _stable_snapshot()
@@ -320,6 +358,8 @@ def close_watch(watch: Watch) -> None:
 
 def _put_back_gin(config: Any, category: str, key: Hashable, old: Any, new: Any) -> None:
     """Sets one of gin's globals (`gin_globals`' names) back to `old`."""
+    if category == TEMPORARY_MODULES:
+        return f"<module from {getattr(value, '__file__', '?')}>"
     if category == "gin registry":
         if old is MISSING:
             config._REGISTRY.pop(key)
@@ -417,6 +457,11 @@ def put_back(changes: Changes) -> list[str]:
                     registry.pop(key[1], None)
                 else:
                     registry[key[1]] = old
+            elif category == TEMPORARY_MODULES:
+                if old is MISSING:
+                    sys.modules.pop(key, None)
+                else:
+                    sys.modules[key] = old
             elif category == "jax config" and old is not MISSING:
                 sys.modules["jax"].config.update(key, old)
         except Exception as e:  # noqa: BLE001 - reported, and the test fails anyway
@@ -442,6 +487,8 @@ def _value_text(category: str, value: Any) -> str:
         return "<not set>"
     if category == "gin inverse registry":
         return f"-> {value[1].selector}"
+    if category == TEMPORARY_MODULES:
+        return f"<module from {getattr(value, '__file__', '?')}>"
     if category == "gin registry":
         return (f"({getattr(value.wrapped, '__module__', '?')}."
                 f"{getattr(value.wrapped, '__qualname__', '?')})")

@@ -4,6 +4,7 @@ process count reseeds the prepared streams at once, and a run whose task is not 
 stopped before anything is built."""
 from __future__ import annotations
 
+import importlib
 import contextlib
 import io
 import os
@@ -36,6 +37,7 @@ def corpus(tmp_path_factory):
     with process_state.restored("seqio", "prepared data"), pc.on_path(root):
         pc.prepare_here(root, out, pattern="pd_mono")
         pc.prepare_here(root, out, pattern="pd_pairs")
+        importlib.import_module(pc.MODULE)  # the module's, forgotten after it (on_path)
         yield root, out
 
 

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from tests.testlib import user_corpus
+from tests.testlib import temp_modules, user_corpus
 
 pytest.importorskip("seqio")
 
@@ -34,18 +34,17 @@ def test_a_run_file_naming_another_tokenizer_is_refused_naming_both(user):
 
 
 def _tasks(user):
+    """The user's mixtures, registered by importing their `my_tasks` (forgotten after it;
+    the tests' `seqio_isolated` removes the registrations)."""
     import importlib
-    import sys
 
-    sys.path.insert(0, user["root"])
-    try:
+    with temp_modules.importable(user["root"]):
         importlib.import_module("my_tasks")
-    finally:
-        sys.path.remove(user["root"])
     return ["my_mono", "my_opus"]
 
 
-def test_spm_model_is_compared_by_content_and_defaults_to_the_tasks(user, tmp_path):
+def test_spm_model_is_compared_by_content_and_defaults_to_the_tasks(user, tmp_path,
+                                                                    seqio_isolated):
     from xlm_jax.train import streams
 
     tasks = _tasks(user)
@@ -59,7 +58,7 @@ def test_spm_model_is_compared_by_content_and_defaults_to_the_tasks(user, tmp_pa
         streams.run_spm_model(os.path.join(user_corpus.DEMO, "spm.model"), tasks)
 
 
-def test_tasks_of_two_tokenizers_are_refused(user):
+def test_tasks_of_two_tokenizers_are_refused(user, seqio_isolated):
     import xlm_jax_tasks.demo  # noqa: F401 - registers demo_mono with the demo's model
 
     from xlm_jax.train import streams
