@@ -137,7 +137,7 @@ def part_attn(out: str, tiny: bool) -> None:
     import jax
     import jax.numpy as jnp
 
-    from xlm_jax.models import attention, fused_attention, fused_attention_kernels
+    from xlm_jax.models import attention, fused_attention
 
     b, t, h, d = (2, 128, 2, 64) if tiny else (32, 512, 12, 64)
     ks = jax.random.split(jax.random.key(0), 4)
@@ -169,13 +169,13 @@ def part_attn(out: str, tiny: bool) -> None:
         try:
             if isinstance(call, tuple):
                 bq, bk, warps, stages, rate = call
-                fused_attention_kernels.NUM_WARPS = warps
-                fused_attention_kernels.NUM_STAGES = stages
-                fn = loss_of(lambda q, k, v, bq=bq, bk=bk, rate=rate:
+                launch = fused_attention.KernelLaunch.uniform(
+                    fused_attention.Launch(bq, bk, warps, stages))
+                fn = loss_of(lambda q, k, v, launch=launch, rate=rate:
                              fused_attention.flash_attention(
                                  q, k, v, dropout_rate=rate,
                                  dropout_rng=jax.random.key(3) if rate else None,
-                                 block_q=bq, block_k=bk))
+                                 launch=launch))
             else:
                 fn = loss_of(call)
             ms = _time(fn, q, k, v, iters=3 if tiny else 10)
@@ -183,8 +183,6 @@ def part_attn(out: str, tiny: bool) -> None:
                   tflops=flops / ms / 1e9)
         except Exception as e:  # noqa: BLE001
             _emit(out, "attn", variant=name, error=f"{type(e).__name__}: {e}"[:300])
-        finally:
-            fused_attention_kernels.NUM_WARPS, fused_attention_kernels.NUM_STAGES = 4, 2
 
 
 def _slow_compile_line(line: str) -> bool:

@@ -26,15 +26,22 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def test_runs_what_fits_the_budget_and_says_why_the_rest_was_skipped(tmp_path):
     out, md = tmp_path / "check.json", tmp_path / "check.md"
     start = time.perf_counter()
-    done = _cli("--budget_s", "140", "--size", "tiny", "--only", "env,mmlm,smoke",
+    done = _cli("--budget_s", "160", "--size", "tiny", "--only", "env,mmlm,smoke,kernels",
                 "--json", str(out), "--markdown", str(md))
     wall = time.perf_counter() - start
     assert done.returncode == 0, done.stdout + done.stderr
-    assert wall < 160  # the budget and the interpreter's start-up
+    assert wall < 180  # the budget and the interpreter's start-up
     data = json.loads(out.read_text())
     assert data["complete"] is True
     rows = {r["step"]: r for r in data["rows"]}
-    assert list(rows) == ["env", "mmlm", "smoke"]
+    assert list(rows) == ["env", "mmlm", "smoke", "kernels"]
+    kernels = rows["kernels"]  # the sweep's two tiny launches, each kernel, plain and gated
+    assert kernels["status"] == "ok" and kernels["result"]["complete"] is True, kernels
+    assert kernels["result"]["rows"] == 12
+    assert {b: sorted(k) for b, k in kernels["result"]["best"].items()} == {
+        b: ["dkv", "dq", "forward"] for b in ("none", "gated")}
+    assert [c["bias"] for c in kernels["result"]["combined"]] == ["none", "gated"]
+    assert sum(ln.startswith("| gated | dq |") for ln in kernels["result"]["lines"]) == 2
     assert rows["env"]["status"] == "ok" and rows["env"]["result"]["platform"] == "cpu"
     assert rows["env"]["result"]["cost_chip"] is None
     mmlm = rows["mmlm"]

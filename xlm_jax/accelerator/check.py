@@ -9,6 +9,9 @@ out of memory costs only its own time), and stops before the budget runs out:
   env          versions, devices, the chip's peak rates
   smoke        `accelerator.smoke` at the size's dims with 2 layers: the Pallas attention
                kernels against XLA, plain and with XLM-E's gated bias
+  kernels      `accelerator.kernel_sweep`: each attention kernel (forward, dk/dv, dq) timed
+               alone over tiles, warps and stages at a base step's shape, plain and with
+               the gated bias, within its own share of the budget (`SWEEP_BUDGET_S`)
   mmlm         `accelerator.bench` on runs/xlmr_base_mmlm.gin, with one step profiled
                (the profile summary: time by kind of kernel) and the cost model's
                prediction for the very executable measured (its HLO, dumped by XLA)
@@ -47,16 +50,23 @@ from typing import Any
 from xlm_jax import cli_help
 
 SIZES = ("tiny", "base")
-STEPS = ("env", "smoke", "mmlm", "xlme", "infoxlm", "ernie_m", "veco", "mmlm_b64",
+STEPS = ("env", "smoke", "kernels", "mmlm", "xlme", "infoxlm", "ernie_m", "veco", "mmlm_b64",
          "transformers")
 RUN_FILES = {"mmlm": ["runs/xlmr_base_mmlm.gin"], "mmlm_b64": ["runs/xlmr_base_mmlm.gin"],
              "transformers": ["runs/xlmr_base_mmlm.gin"], "xlme": ["runs/xlme_base.gin"],
              "infoxlm": ["runs/infoxlm_base.gin"], "ernie_m": ["runs/ernie_m_base.gin"],
              "veco": ["runs/veco_large.gin", "models/base.gin"]}
 # Seconds each step needs at least (our estimates: start-up, compile, a few steps), by size.
-ESTIMATE_S = {"tiny": {"env": 5, "smoke": 150, "transformers": 30, "default": 20},
-              "base": {"env": 10, "smoke": 120, "xlme": 120, "veco": 150, "transformers": 60,
-                       "default": 75}}
+ESTIMATE_S = {"tiny": {"env": 5, "smoke": 150, "kernels": 30, "transformers": 30,
+                       "default": 20},
+              "base": {"env": 10, "smoke": 120, "kernels": 60, "xlme": 120, "veco": 150,
+                       "transformers": 60, "default": 75}}
+# The kernel sweep's own budget (it stops starting rows past it, then reports what it has)
+# and its problem, by size (our choices: the tiny one runs interpreted on a CPU in seconds).
+SWEEP_BUDGET_S = {"tiny": 60.0, "base": 150.0}
+SWEEP_ARGS = {"tiny": ["--shape", "2,64,2,16", "--dtype", "float32", "--iters", "1",
+                       "--launches", "16x16w4s3,32x16w4s3"],
+              "base": ["--shape", "32,512,12,64", "--dtype", "bfloat16"]}
 PROFILED = ("mmlm", "xlme", "infoxlm", "ernie_m", "veco")  # the objectives' own rows
 SHAPES = {"tiny": (8, 64), "base": (32, 512)}  # (rows, tokens) per objective (8: any of
 # 1, 2, 4 or 8 devices divides it, the tests' 8 fake CPU devices too)
@@ -186,6 +196,23 @@ def run_step(step: str, size: str, timeout: float, keep: str | None = None) -> R
         row = Row(step, "ok" if code == 0 else "failed")
         m = re.search(r"CHECK_JSON (.*)", text)
         row.result = json.loads(m.group(1)) if m else {"output": text[-500:]}
+    elif step == "kernels":
+        fd, out = tempfile.mkstemp(prefix="xlm_jax_check_kernels_", suffix=".json")
+        os.close(fd)
+        try:
+            budget = max(1.0, min(SWEEP_BUDGET_S[size], timeout - 20))
+            code, text = _run([py, "-m", "xlm_jax.accelerator.kernel_sweep", *SWEEP_ARGS[size],
+                               "--budget_s", str(budget), "--json", out], timeout)
+            row = Row(step, "ok" if code == 0 else ("timeout" if code == "timeout"
+                                                    else "failed"))
+            with open(out) as f:
+                data = json.load(f) if os.path.getsize(out) else {}
+        finally:
+            os.unlink(out)
+        row.result = {key: data.get(key) for key in ("best", "combined", "complete")}
+        row.result["rows"] = len(data.get("rows", []))
+        row.result["lines"] = [ln for ln in text.splitlines()
+                               if ln.startswith(("|", "best", "combined", "budget", "device"))]
     elif step == "smoke":
         rows, tokens = SHAPES[size]
         code, text = _run([py, "-m", "xlm_jax.accelerator.smoke", "--sizes", size,

@@ -44,6 +44,7 @@ array mask, the relative bias's inputs and the dropout keys, before either kerne
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -53,15 +54,19 @@ from jax.experimental import pallas as pl
 
 from xlm_jax.models import attention_dropout
 from xlm_jax.models.fused_attention_kernels import (  # noqa: F401 - re-exported
-    MASK_VALUE, NUM_STAGES, NUM_WARPS, _dkv_kernel, _dq_kernel, _forward_kernel, _Static)
+    KERNELS, MASK_VALUE, NUM_STAGES, NUM_WARPS, KernelLaunch, Launch, _dkv_kernel, _dq_kernel,
+    _forward_kernel, _Static)
 from xlm_jax.models.position import RelativeBias
 from xlm_jax.models.token_mask import TokenMask
 
-# Tiles: 64 x 64 on a GPU (measured fastest of those tried, with fused_attention_kernels'
-# NUM_WARPS and NUM_STAGES: see there); 128 x 128 when interpreted on a CPU (our choice: fewer
-# grid steps to interpret, and the tile size the CPU tests were written against).
+# Tiles: 64 x 64 on a GPU for every kernel (measured fastest of those tried with one setting
+# for all three, with fused_attention_kernels' NUM_WARPS and NUM_STAGES: see there); 128 x 128
+# when interpreted on a CPU (our choice: fewer grid steps to interpret, and the tile size the
+# CPU tests were written against).
 GPU_BLOCK: int = 64
 DEFAULT_BLOCK: int = 128
+GPU_LAUNCH: KernelLaunch = KernelLaunch.uniform(Launch(GPU_BLOCK, GPU_BLOCK))
+INTERPRET_LAUNCH: KernelLaunch = KernelLaunch.uniform(Launch(DEFAULT_BLOCK, DEFAULT_BLOCK))
 _MIN_BLOCK = 16  # smallest tile Triton's dot accepts
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _F32 = jnp.float32
@@ -181,6 +186,7 @@ def _extras(st: _Static, rel_args, rel_specs, drop_key, rows_spec, tokens, key_m
 
 def _forward(st: _Static, q, k, v, mask, table, pos_q, pos_k, factor, drop_key, tokens):
     """Output ``[B, Tq, H, Dh]`` and logsumexp ``[B, H, Tq]`` (+inf on fully masked rows)."""
+    st = st.for_kernel("forward")
     b_, tq, h_, _ = q.shape
     specs = _specs(st, tq, k.shape[1], q.shape[3], table, key_major=False)
     q_spec, kv_spec, rows_spec, mask_spec, rel_specs = specs
@@ -196,14 +202,21 @@ def _forward(st: _Static, q, k, v, mask, table, pos_q, pos_k, factor, drop_key, 
 def _backward(st: _Static, q, k, v, mask, table, pos_q, pos_k, factor, drop_key, tokens, o, lse,
               do):
     """(dq, dk, dv, d(table) ``[H, NBp]`` or None, d(factor) ``[B, H, Tq]`` or None)."""
-    b_, tq, h_, _ = q.shape
-    tk = k.shape[1]
     # FA-2's D_i = Σ_d dO_id·O_id = Σ_j P_ij·dP_ij: [B, H, Tq], plain JAX.
     delta = jnp.einsum("bqhd,bqhd->bhq", o.astype(_F32), do.astype(_F32))
-    rel_args = (table, pos_q, pos_k, factor) if st.num_buckets else ()
-    dh = q.shape[3]
-    ins = (q, k, v, do, lse, delta, mask)
+    args = (q, k, v, mask, table, pos_q, pos_k, factor, drop_key, tokens, lse, delta, do)
+    dk, dv = _dkv(st, *args)
+    dq, dtable, dfactor = _dq(st, *args)
+    return dq, dk, dv, dtable, dfactor
 
+
+def _dkv(st: _Static, q, k, v, mask, table, pos_q, pos_k, factor, drop_key, tokens, lse, delta,
+         do):
+    """(dk, dv): the dk/dv kernel, grid over key tiles."""
+    st = st.for_kernel("dkv")
+    b_, tq, h_, dh = q.shape
+    tk = k.shape[1]
+    rel_args = (table, pos_q, pos_k, factor) if st.num_buckets else ()
     q_spec, kv_spec, rows_spec, mask_spec, rel_specs = _specs(st, tq, tk, dh, table,
                                                               key_major=True)
     extra, extra_specs = _extras(st, rel_args, rel_specs, drop_key, rows_spec, tokens, True,
@@ -212,8 +225,18 @@ def _backward(st: _Static, q, k, v, mask, table, pos_q, pos_k, factor, drop_key,
                    [q_spec, kv_spec, kv_spec, q_spec, rows_spec, rows_spec, mask_spec,
                     *extra_specs], [kv_spec, kv_spec],
                    [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-                   "relbias_flash_dkv", *ins, *extra)
+                   "relbias_flash_dkv", q, k, v, do, lse, delta, mask, *extra)
+    return dk, dv
 
+
+def _dq(st: _Static, q, k, v, mask, table, pos_q, pos_k, factor, drop_key, tokens, lse, delta,
+        do):
+    """(dq, d(table) ``[H, NBp]`` or None, d(factor) or None): the dq kernel, grid over query
+    tiles (each also sums its tile's share of the table gradient)."""
+    st = st.for_kernel("dq")
+    b_, tq, h_, dh = q.shape
+    tk = k.shape[1]
+    rel_args = (table, pos_q, pos_k, factor) if st.num_buckets else ()
     q_spec, kv_spec, rows_spec, mask_spec, rel_specs = _specs(st, tq, tk, dh, table,
                                                               key_major=False)
     extra, extra_specs = _extras(st, rel_args, rel_specs, drop_key, rows_spec, tokens, False,
@@ -231,11 +254,11 @@ def _backward(st: _Static, q, k, v, mask, table, pos_q, pos_k, factor, drop_key,
         ]
     outs = _call(st, _dq_kernel, (b_, h_, nq),
                  [q_spec, kv_spec, kv_spec, q_spec, rows_spec, rows_spec, mask_spec, *extra_specs],
-                 out_specs, out_shape, "relbias_flash_dq", *ins, *extra)
+                 out_specs, out_shape, "relbias_flash_dq", q, k, v, do, lse, delta, mask, *extra)
     if not st.num_buckets:
-        return outs[0], dk, dv, None, None
+        return outs[0], None, None
     dq, dfactor, dtable_parts = outs
-    return dq, dk, dv, jnp.sum(dtable_parts, axis=(0, 2)), dfactor
+    return dq, jnp.sum(dtable_parts, axis=(0, 2)), dfactor
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -283,6 +306,23 @@ def _block_size(requested: int, length: int, name: str) -> int:
     if requested < _MIN_BLOCK or requested & (requested - 1):
         raise ValueError(f"flash_attention: {name} must be a power of two >= 16, got {requested}")
     return min(requested, max(_MIN_BLOCK, pl.next_power_of_2(length)))
+
+
+def _launch(launch: KernelLaunch | None, block_q: int | None, block_k: int | None,
+            interpret: bool, tq: int, tk: int) -> KernelLaunch:
+    """The kernels' launches: ``launch`` (default by ``interpret``), ``block_q``/``block_k``
+    over every kernel's tile when given, each tile checked and clipped to its length."""
+    if launch is None:
+        launch = INTERPRET_LAUNCH if interpret else GPU_LAUNCH
+    for name in KERNELS:
+        run = launch.of(name)
+        tiles = {}
+        for axis, given, length in (("block_q", block_q, tq), ("block_k", block_k, tk)):
+            label = axis if given is not None else f"launch.{name}.{axis}"
+            tiles[axis] = _block_size(getattr(run, axis) if given is None else given, length,
+                                      label)
+        launch = launch.replace(name, dataclasses.replace(run, **tiles))
+    return launch
 
 
 def _pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:
@@ -362,6 +402,7 @@ def flash_attention(
     dropout_keys: jax.Array | None = None,
     block_q: int | None = None,
     block_k: int | None = None,
+    launch: KernelLaunch | None = None,
     interpret: bool | None = None,
 ) -> jax.Array:
     """Softmax(q·kᵀ/√Dh + r, masked)·v with the relative bias r computed inside the kernel.
@@ -384,22 +425,51 @@ def flash_attention(
       dropout_keys: ``[B, H]`` int32 ``attention_dropout.row_head_key`` values, instead of
         `dropout_rng` and `dropout_row_ids` (what a caller that shards rows or heads passes:
         the keys of the global rows and heads).
-      block_q, block_k: tile sizes, powers of two >= 16, clipped to the padded lengths;
-        default `GPU_BLOCK` compiled, `DEFAULT_BLOCK` interpreted.
+      block_q, block_k: tile sizes of all three kernels, powers of two >= 16, clipped to
+        the padded lengths; they override ``launch``'s tiles.
+      launch: each kernel's tile, warps and stages; default `GPU_LAUNCH` compiled,
+        `INTERPRET_LAUNCH` interpreted. Any launch gives the same results up to float
+        rounding (the sum order of the online softmax and of the gradients' tile sums).
       interpret: run the kernels interpreted; default: on CPU.
 
     Returns:
       ``[B, Tq, H, Dh]`` in q's dtype.
     """
+    inputs = prepare(q, k, v, mask=mask, relative=relative, dropout_rate=dropout_rate,
+                     dropout_rng=dropout_rng, dropout_row_ids=dropout_row_ids,
+                     dropout_keys=dropout_keys, block_q=block_q, block_k=block_k,
+                     launch=launch, interpret=interpret)
+    out = _flash(inputs.st, *inputs.arrays)
+    return out[:, :inputs.tq, :, :inputs.dh]
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashInputs:
+    """One call's kernel inputs as `flash_attention` hands them to its kernels (padded to
+    the tiles, the mask as int8, the bias's table, positions and factor, the dropout keys,
+    a TokenMask's features) with their static settings, and the unpadded lengths: what
+    `run_kernel` (and `accelerator.kernel_sweep`) runs one kernel on."""
+
+    st: _Static
+    arrays: tuple  # q, k, v, mask, table, pos_q, pos_k, factor, drop_key, tokens
+    tq: int
+    dh: int
+
+
+def prepare(q: jax.Array, k: jax.Array, v: jax.Array, *,
+            mask: jax.Array | TokenMask | None = None, relative: RelativeBias | None = None,
+            dropout_rate: float = 0.0, dropout_rng: jax.Array | None = None,
+            dropout_row_ids: jax.Array | None = None, dropout_keys: jax.Array | None = None,
+            block_q: int | None = None, block_k: int | None = None,
+            launch: KernelLaunch | None = None, interpret: bool | None = None) -> FlashInputs:
+    """The kernels' inputs for `flash_attention`'s arguments (see there)."""
     b_, tq, h_, dh = q.shape
     tk = k.shape[1]
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
-    default_block = DEFAULT_BLOCK if interpret else GPU_BLOCK
-    block_q = default_block if block_q is None else block_q
-    block_k = default_block if block_k is None else block_k
-    bq = _block_size(block_q, tq, "block_q")
-    bk = _block_size(block_k, tk, "block_k")
+    launch = _launch(launch, block_q, block_k, bool(interpret), tq, tk)
+    bq = max(launch.of(n).block_q for n in KERNELS)  # powers of two: each divides the largest
+    bk = max(launch.of(n).block_k for n in KERNELS)
     tq_p, tk_p = bq * pl.cdiv(tq, bq), bk * pl.cdiv(tk, bk)
     dh_p = max(_MIN_BLOCK, pl.next_power_of_2(dh))
 
@@ -439,6 +509,30 @@ def flash_attention(
         keep_prob=keep_prob,
         token_rule=token_rule,
         token_names=token_names,
+        launch=launch,
     )
-    out = _flash(st, q, k, v, mask, table, pos_q, pos_k, factor, drop_key, tokens)
-    return out[:, :tq, :, :dh]
+    return FlashInputs(st, (q, k, v, mask, table, pos_q, pos_k, factor, drop_key, tokens),
+                       tq, dh)
+
+
+def run_kernel(inputs: FlashInputs, kernel: str, launch: Launch, *, o: jax.Array | None = None,
+               lse: jax.Array | None = None, do: jax.Array | None = None) -> tuple:
+    """Runs one of the three kernels on prepared ``inputs`` with ``launch``: "forward" ->
+    (o, lse); "dkv" -> (dk, dv); "dq" -> (dq, d(table) or None, d(factor) or None). The
+    backward kernels take the forward's padded ``o`` and ``lse`` and the padded output
+    cotangent ``do``. For timing and checking each kernel apart; ``launch``'s tiles must
+    divide the padded lengths ``inputs`` was prepared for."""
+    q, k = inputs.arrays[0], inputs.arrays[1]
+    for axis, length in (("block_q", q.shape[1]), ("block_k", k.shape[1])):
+        tile = getattr(launch, axis)
+        if tile < _MIN_BLOCK or tile & (tile - 1) or length % tile:
+            raise ValueError(f"run_kernel: {kernel} {axis}={tile} does not tile the prepared "
+                             f"length {length} (a power of two >= 16 that divides it)")
+    st = dataclasses.replace(inputs.st, launch=inputs.st.launch.replace(kernel, launch))
+    if kernel == "forward":
+        return _forward(st, *inputs.arrays)
+    if o is None or lse is None or do is None:
+        raise ValueError(f"run_kernel: the {kernel} kernel needs the forward's o and lse and "
+                         "the cotangent do")
+    delta = jnp.einsum("bqhd,bqhd->bhq", o.astype(_F32), do.astype(_F32))
+    return (_dkv if kernel == "dkv" else _dq)(st, *inputs.arrays, lse, delta, do)
