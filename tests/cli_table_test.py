@@ -124,8 +124,8 @@ TABLE = [
     ("xlm_jax.accelerator.check", "no args", [], 2, "python -m xlm_jax.accelerator.check: "
      "error: the following arguments are required: --budget_s (--help lists every flag)"),
     ("xlm_jax.accelerator.check", "bad value", ["--budget_s=60", "--only=warp"], 2,
-     "error: --only 'warp': not steps of env, smoke, kernels, mmlm, xlme, infoxlm, ernie_m, "
-     "veco, mmlm_b64, transformers"),
+     "error: --only 'warp': not steps of env, smoke, kernels, mmlm, xlme, mmlm_tuned, "
+     "xlme_tuned, infoxlm, ernie_m, veco, mmlm_b64, transformers"),
     ("xlm_jax.accelerator.kernel_sweep", "no args", None, 0, "(times the attention kernels "
      "over 40 launches on this host)"),
     ("xlm_jax.accelerator.kernel_sweep", "bad value", ["--launches=64x64"], 2,

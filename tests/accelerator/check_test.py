@@ -70,7 +70,7 @@ def test_results_are_rewritten_after_each_step(tmp_path, monkeypatch):
     out = tmp_path / "check.json"
     seen = []
 
-    def fake_step(step: str, size: str, timeout: float, keep=None) -> check.Row:
+    def fake_step(step: str, size: str, timeout: float, keep=None, launch="") -> check.Row:
         if seen:  # the second step: the machine goes away
             raise KeyboardInterrupt
         seen.append(step)
@@ -88,7 +88,7 @@ def test_results_are_rewritten_after_each_step(tmp_path, monkeypatch):
 def test_a_failed_step_fails_the_check_and_a_cut_one_does_not(monkeypatch, tmp_path):
     statuses = iter(["cut", "failed"])
 
-    def fake_step(step: str, size: str, timeout: float, keep=None) -> check.Row:
+    def fake_step(step: str, size: str, timeout: float, keep=None, launch="") -> check.Row:
         return check.Row(step, next(statuses), 1.0, reason="x")
 
     monkeypatch.setattr(check, "run_step", fake_step)
@@ -102,3 +102,30 @@ def test_a_failed_step_fails_the_check_and_a_cut_one_does_not(monkeypatch, tmp_p
                                         ("TPU v4", "v4"), ("cpu", None)])
 def test_device_kinds_map_to_the_cost_models_chips(kind, chip):
     assert check.chip_of(kind) == chip
+
+
+def test_tuned_steps_run_with_the_sweeps_best_launch_or_say_why_not(tmp_path, monkeypatch):
+    """mmlm_tuned / xlme_tuned bench their run file with the kernels step's best launch of
+    their bias variant (plain / gated) as `--gin.loop.model_config.attention_launch`."""
+    calls = []
+    best = {"none": "forward=128x64w8s3,dkv=64x64w4s3,dq=64x64w4s3"}  # gated: not found
+
+    def fake_step(step: str, size: str, timeout: float, keep=None, launch="") -> check.Row:
+        calls.append((step, launch))
+        result = {"launch_text": best} if step == "kernels" else {"step_ms": 5.0}
+        return check.Row(step, "ok", 1.0, result=result)
+
+    monkeypatch.setattr(check, "run_step", fake_step)
+    out = tmp_path / "check.json"
+    assert check.main(["--budget_s", "900", "--size", "tiny", "--only",
+                       "env,mmlm_tuned,kernels,mmlm_tuned,xlme_tuned", "--json", str(out)]) == 0
+    assert calls == [("env", ""), ("kernels", ""), ("mmlm_tuned", best["none"])]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["step"], r["status"]) for r in rows] == [
+        ("env", "ok"), ("mmlm_tuned", "skipped"), ("kernels", "ok"), ("mmlm_tuned", "ok"),
+        ("xlme_tuned", "skipped")]
+    assert rows[3]["result"]["attention_launch"] == best["none"]
+    assert "no launch: no kernels step before it measured" in rows[1]["reason"]
+    assert "(gated bias)" in rows[4]["reason"]
+    assert check._bench_args("mmlm_tuned", "tiny", best["none"])[-1] == (
+        f"--gin.loop.model_config.attention_launch='{best['none']}'")

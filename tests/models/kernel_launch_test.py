@@ -10,6 +10,8 @@ give the same attention, dropout bits included.
 """
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -124,8 +126,6 @@ def test_block_sizes_given_override_every_kernels_tile():
 def test_each_kernel_is_lowered_for_a_gpu_with_its_own_warps_and_stages():
     """Lowered for CUDA from this CPU (no GPU needed to lower): each Triton call carries its
     own kernel's `num_warps` and `num_stages`, the settings the launch gave it."""
-    import re
-
     launch = KernelLaunch(forward=Launch(128, 64, 8, 2), dkv=Launch(64, 128, 4, 4),
                           dq=Launch(32, 64, 2, 3))
     q = jnp.zeros((2, 128, 2, 64), jnp.bfloat16)
@@ -139,3 +139,46 @@ def test_each_kernel_is_lowered_for_a_gpu_with_its_own_warps_and_stages():
     found = {m.group(1): (int(m.group(3)), int(m.group(2))) for m in re.finditer(
         r'name = "relbias_flash_(\w+)", num_stages = (\d+) : i32, num_warps = (\d+) : i32', text)}
     assert found == {"forward": (8, 2), "dkv": (4, 4), "dq": (2, 3)}, found
+
+
+def test_the_text_form_reads_back_and_names_what_is_wrong():
+    from xlm_jax.models import kernel_launch
+
+    assert kernel_launch.parse("") is None and kernel_launch.parse("  ") is None
+    assert kernel_launch.parse("128x64w8s3") == KernelLaunch.uniform(Launch(128, 64, 8, 3))
+    some = kernel_launch.parse("forward=128x64w8s3, dq=64x32w4s2")
+    assert some == KernelLaunch(forward=Launch(128, 64, 8, 3), dq=Launch(64, 32, 4, 2))
+    assert kernel_launch.parse(kernel_launch.text(some)) == some
+    for bad, message in (("64x64", "'64x64' is not BQxBKwWARPSsSTAGES"),
+                         ("fwd=64x64w4s3", "unknown kernel 'fwd' (one of forward, dkv, dq)"),
+                         ("48x64w4s3", "block_q 48 is not a power of two >= 16"),
+                         ("64x64w3s3", "warps must be a power of two")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            kernel_launch.parse(bad)
+    from xlm_jax.models import config
+
+    with pytest.raises(ValueError, match=r"ModelConfig.attention_launch='dq=64x64': "
+                                         r"'64x64' is not"):
+        config.get_config("tiny", attention_launch="dq=64x64")
+
+
+def test_a_models_attention_launch_reaches_its_gpu_kernels():
+    """`ModelConfig.attention_launch` -> the transformer's attention -> the Triton calls of
+    the step lowered for a GPU; the kernels it does not name keep the default launch."""
+    from xlm_jax.models import attention_backends, config, transformer
+
+    cfg = config.get_config("tiny", num_layers=1, attention_backend="pallas", dtype="bfloat16",
+                            attention_launch="forward=128x64w8s2")
+    model = transformer.Transformer(cfg)
+    ids = jnp.ones((2, 128), jnp.int32)
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), ids))
+
+    def loss(p):
+        return model.apply(p, ids).last_hidden_state.astype(jnp.float32).sum()
+
+    with attention_backends.lowering_for("cuda"):
+        text = jax.jit(jax.grad(loss)).trace(params).lower(
+            lowering_platforms=("cuda",)).as_text()
+    found = {m.group(1): (int(m.group(3)), int(m.group(2))) for m in re.finditer(
+        r'name = "relbias_flash_(\w+)", num_stages = (\d+) : i32, num_warps = (\d+) : i32', text)}
+    assert found == {"forward": (8, 2), "dkv": (4, 3), "dq": (4, 3)}, found

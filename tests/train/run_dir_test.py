@@ -178,8 +178,8 @@ def test_every_non_architecture_field_may_change_on_resume():
     """The split of ModelConfig's fields is explicit: each field is either an architecture
     field or one of the known run-time fields, so a new field must be placed on purpose."""
     runtime = {"dropout_rate", "attention_dropout_rate", "language_init", "relative_init",
-               "attention_backend", "remat", "scan_layers", "dtype", "param_dtype",
-               "initializer_range"}
+               "attention_backend", "attention_launch", "remat", "scan_layers", "dtype",
+               "param_dtype", "initializer_range"}
     fields = set(ModelConfig.__dataclass_fields__)
     assert set(run_dir.ARCHITECTURE_FIELDS) | runtime == fields
     assert not set(run_dir.ARCHITECTURE_FIELDS) & runtime

@@ -18,6 +18,9 @@ out of memory costs only its own time), and stops before the budget runs out:
   xlme, infoxlm, ernie_m, veco   the same for each objective's run file (each profiled:
                the one GPU point of XLM-E, 234.6 ms against 129 predicted, had no trace to
                say where the difference goes)
+  mmlm_tuned, xlme_tuned   mmlm and xlme again with the kernel sweep's best launches (plain
+               for mmlm, gated-bias for xlme: `--gin.loop.model_config.attention_launch`);
+               skipped when no `kernels` step before them found a best launch for each kernel
   mmlm_b64     the MMLM step at twice the batch
   transformers transformers' XLMRobertaForMaskedLM on the MMLM rows (PyTorch), the ratio
 
@@ -50,24 +53,26 @@ from typing import Any
 from xlm_jax import cli_help
 
 SIZES = ("tiny", "base")
-STEPS = ("env", "smoke", "kernels", "mmlm", "xlme", "infoxlm", "ernie_m", "veco", "mmlm_b64",
-         "transformers")
+STEPS = ("env", "smoke", "kernels", "mmlm", "xlme", "mmlm_tuned", "xlme_tuned", "infoxlm",
+         "ernie_m", "veco", "mmlm_b64", "transformers")
 RUN_FILES = {"mmlm": ["runs/xlmr_base_mmlm.gin"], "mmlm_b64": ["runs/xlmr_base_mmlm.gin"],
+             "mmlm_tuned": ["runs/xlmr_base_mmlm.gin"], "xlme_tuned": ["runs/xlme_base.gin"],
              "transformers": ["runs/xlmr_base_mmlm.gin"], "xlme": ["runs/xlme_base.gin"],
              "infoxlm": ["runs/infoxlm_base.gin"], "ernie_m": ["runs/ernie_m_base.gin"],
              "veco": ["runs/veco_large.gin", "models/base.gin"]}
 # Seconds each step needs at least (our estimates: start-up, compile, a few steps), by size.
 ESTIMATE_S = {"tiny": {"env": 5, "smoke": 150, "kernels": 30, "transformers": 30,
                        "default": 20},
-              "base": {"env": 10, "smoke": 120, "kernels": 60, "xlme": 120, "veco": 150,
-                       "transformers": 60, "default": 75}}
+              "base": {"env": 10, "smoke": 120, "kernels": 60, "xlme": 120, "xlme_tuned": 120,
+                       "veco": 150, "transformers": 60, "default": 75}}
 # The kernel sweep's own budget (it stops starting rows past it, then reports what it has)
 # and its problem, by size (our choices: the tiny one runs interpreted on a CPU in seconds).
 SWEEP_BUDGET_S = {"tiny": 60.0, "base": 150.0}
 SWEEP_ARGS = {"tiny": ["--shape", "2,64,2,16", "--dtype", "float32", "--iters", "1",
                        "--launches", "16x16w4s3,32x16w4s3"],
               "base": ["--shape", "32,512,12,64", "--dtype", "bfloat16"]}
-PROFILED = ("mmlm", "xlme", "infoxlm", "ernie_m", "veco")  # the objectives' own rows
+PROFILED = ("mmlm", "xlme", "infoxlm", "ernie_m", "veco", "mmlm_tuned", "xlme_tuned")
+TUNED = {"mmlm_tuned": "none", "xlme_tuned": "gated"}  # the sweep's bias variant each reads
 SHAPES = {"tiny": (8, 64), "base": (32, 512)}  # (rows, tokens) per objective (8: any of
 # 1, 2, 4 or 8 devices divides it, the tests' 8 fake CPU devices too)
 RESERVE_S = 5.0  # kept back from the budget to write the results
@@ -127,7 +132,7 @@ def _run(cmd: list[str], timeout: float, env: dict[str, str] | None = None
         return "timeout", text
 
 
-def _bench_args(step: str, size: str) -> list[str]:
+def _bench_args(step: str, size: str, launch: str = "") -> list[str]:
     rows, tokens = SHAPES[size]
     if step == "mmlm_b64":
         rows *= 2
@@ -136,6 +141,8 @@ def _bench_args(step: str, size: str) -> list[str]:
              "--steps", "2" if size == "tiny" else "10"]
     if size == "tiny":
         args += ["--gin.SIZE='tiny'", "--gin.loop.model_config.dtype='float32'"]
+    if launch:
+        args.append(f"--gin.loop.model_config.attention_launch='{launch}'")
     return args
 
 
@@ -186,9 +193,11 @@ def _predict(dump: str, chip: str | None, seq_len: int, result: dict[str, Any]) 
     return out
 
 
-def run_step(step: str, size: str, timeout: float, keep: str | None = None) -> Row:
+def run_step(step: str, size: str, timeout: float, keep: str | None = None,
+             launch: str = "") -> Row:
     """Runs one step in its own process within `timeout` seconds; `keep`: a folder where a
-    bench step's HLO dump and profile trace are kept (else they are deleted)."""
+    bench step's HLO dump and profile trace are kept (else they are deleted); `launch`: the
+    attention kernels' launch text of a tuned step."""
     start = time.perf_counter()
     py = sys.executable
     if step == "env":
@@ -209,7 +218,8 @@ def run_step(step: str, size: str, timeout: float, keep: str | None = None) -> R
                 data = json.load(f) if os.path.getsize(out) else {}
         finally:
             os.unlink(out)
-        row.result = {key: data.get(key) for key in ("best", "combined", "complete")}
+        row.result = {key: data.get(key) for key in ("best", "combined", "complete",
+                                                       "launch_text")}
         row.result["rows"] = len(data.get("rows", []))
         row.result["lines"] = [ln for ln in text.splitlines()
                                if ln.startswith(("|", "best", "combined", "budget", "device"))]
@@ -221,7 +231,7 @@ def run_step(step: str, size: str, timeout: float, keep: str | None = None) -> R
         row = Row(step, "ok" if code == 0 else ("timeout" if code == "timeout" else "failed"))
         row.result = {"table": [ln for ln in text.splitlines() if ln.startswith("|")]}
     else:
-        args = _bench_args(step, size)
+        args = _bench_args(step, size, launch)
         if step != "transformers":
             args.append("--no_torch")
         dump = tempfile.mkdtemp(prefix="xlm_jax_check_hlo_")
@@ -325,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
     rows: list[Row] = []
+    tuned: dict[str, str] = {}  # the kernel sweep's best launch text by bias variant
     started = time.perf_counter()
 
     def save(complete: bool) -> None:
@@ -338,11 +349,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     for step in steps:
         left = args.budget_s - (time.perf_counter() - started) - RESERVE_S
         need = estimates.get(step, estimates["default"])
-        if left < need:
+        launch = tuned.get(TUNED.get(step, ""), "")
+        if step in TUNED and not launch:
+            rows.append(Row(step, "skipped", reason=f"no launch: no kernels step before it "
+                            f"measured a best launch of each kernel ({TUNED[step]} bias)"))
+        elif left < need:
             rows.append(Row(step, "skipped", reason=f"budget: {max(left, 0):.0f} s left, the "
                             f"step needs about {need} s"))
         else:
-            row = run_step(step, args.size, left, args.keep)
+            row = run_step(step, args.size, left, args.keep, launch)
+            if step == "kernels":
+                tuned.update(row.result.get("launch_text") or {})
+            if step in TUNED:
+                row.result["attention_launch"] = launch
             rows.append(row)
             if step == "env" and row.status == "ok":
                 row.result["cost_chip"] = chip_of(row.result.get("device_kind", ""))

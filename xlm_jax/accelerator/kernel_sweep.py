@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import statistics
 import sys
 import time
@@ -34,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from xlm_jax import cli_help
+from xlm_jax.models import kernel_launch
 
 BIASES = ("none", "gated")
 NUM_BUCKETS, MAX_DISTANCE = 32, 128  # XLM-E's run files (models/config.py's defaults)
@@ -42,7 +42,6 @@ NUM_BUCKETS, MAX_DISTANCE = 32, 128  # XLM-E's run files (models/config.py's def
 _TILES = ((64, 64), (128, 64), (64, 128), (128, 128), (128, 32), (32, 128), (32, 64), (64, 32))
 _WARPS_STAGES = ((4, 3), (8, 3), (4, 2), (4, 4), (8, 2))
 TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}  # largest error / largest |x|
-_LAUNCH_RE = re.compile(r"^(\d+)x(\d+)w(\d+)s(\d+)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,20 +77,11 @@ class Row:
     reason: str = ""
 
 
-def launch_fields(text: str) -> tuple[int, int, int, int]:
-    """``"128x64w4s3"`` -> ``(128, 64, 4, 3)`` (block_q, block_k, warps, stages)."""
-    m = _LAUNCH_RE.match(text.strip())
-    if not m:
-        raise ValueError(f"--launches: {text!r} is not BQxBKwWARPSsSTAGES (e.g. 128x64w4s3)")
-    bq, bk, warps, stages = (int(g) for g in m.groups())
-    return bq, bk, warps, stages
-
-
 def parse_launch(text: str):
     """``"128x64w4s3"`` -> ``Launch(128, 64, 4, 3)``."""
-    from xlm_jax.models.fused_attention import Launch
+    from xlm_jax.models import kernel_launch
 
-    return Launch(*launch_fields(text))
+    return kernel_launch.Launch(*kernel_launch.launch_fields(text))
 
 
 def gpu_launches() -> list[str]:
@@ -283,11 +273,21 @@ class Sweep:
                                   "default_ms": round(times["default"], 4),
                                   "best_ms": round(times["best"], 4)})
 
+    def launch_text(self) -> dict[str, str]:
+        """Each bias variant's best launches as `ModelConfig.attention_launch` text, where
+        every kernel has one."""
+        out = {}
+        for bias, kernels in self.best().items():
+            if len(kernels) == len(kernel_launch.KERNELS):
+                out[bias] = kernel_launch.text(kernel_launch.KernelLaunch(
+                    *(parse_launch(kernels[k].launch) for k in kernel_launch.KERNELS)))
+        return out
+
     def as_json(self, problems_info: dict[str, Any]) -> dict[str, Any]:
         return {"settings": problems_info, "complete": self.complete,
                 "rows": [dataclasses.asdict(r) for r in self.rows],
                 "best": {b: {k: r.launch for k, r in ks.items()} for b, ks in self.best().items()},
-                "combined": self.combined}
+                "launch_text": self.launch_text(), "combined": self.combined}
 
 
 def table_row(row: Row) -> str:
@@ -323,7 +323,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         launches = (gpu_launches() if args.launches is None
                     else [x.strip() for x in args.launches.split(",")])
         for text in launches:
-            launch_fields(text)  # checked before jax is imported
+            try:
+                kernel_launch.launch_fields(text)  # pure Python: checked before jax starts
+            except ValueError as e:
+                raise ValueError(f"--launches: {e}") from None
     except ValueError as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -356,6 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for bias, kernels in sweep.best().items():
         print(f"best ({bias}): " + "; ".join(f"{k} {r.launch} {r.ms:.4f} ms"
                                              for k, r in kernels.items()))
+        if bias in sweep.launch_text():
+            print(f"  to run with it: --gin.loop.model_config.attention_launch="
+                  f"\"'{sweep.launch_text()[bias]}'\"")
     for c in sweep.combined:
         print(f"combined ({c['bias']}): forward + backward {c['default_ms']:.4f} ms with the "
               f"default launch, {c['best_ms']:.4f} ms with {c['launch']}")

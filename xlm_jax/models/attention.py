@@ -187,6 +187,7 @@ def dot_product_attention(
     dropout_row_ids: jax.Array | None = None,
     relative: RelativeBias | None = None,
     layer: str = "attention",
+    launch: str = "",
 ) -> jax.Array:
     """Scaled dot-product attention, ``[B, Tq, H, Dh]`` in q's dtype; the library's one entry.
 
@@ -201,6 +202,9 @@ def dot_product_attention(
     :class:`RelativeBias`) is the relative position bias described rather than materialised: "pallas" computes it inside its kernel; the XLA path materialises it and
     adds it to ``bias``, so every backend accepts the same call. Attention dropout draws the
     bits of :mod:`xlm_jax.models.attention_dropout` on every backend that supports it.
+
+    ``launch`` (``ModelConfig.attention_launch``'s text, ``models/kernel_launch.py``) sets
+    the GPU Triton kernels' tiles, warps and stages; every other path ignores it.
 
     Raises:
       ValueError: unknown backend, or q/k/v/mask/bias/relative shapes that break the layout.
@@ -220,7 +224,8 @@ def dot_product_attention(
     if chosen != "xla":
         return backends.run_fused(chosen, q, k, v, mask=mask, relative=relative,
                                   dropout_rate=effective_rate, dropout_rng=dropout_rng,
-                                  dropout_row_ids=dropout_row_ids, layer=layer)
+                                  dropout_row_ids=dropout_row_ids, layer=layer,
+                                  launch=launch)
     if relative is not None:
         materialised = relative.materialise()
         bias = materialised if bias is None else bias + materialised

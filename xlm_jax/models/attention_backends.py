@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from xlm_jax.models import attention_dropout, fused_attention
+from xlm_jax.models import attention_dropout, fused_attention, kernel_launch
 from xlm_jax.models.position import RelativeBias
 from xlm_jax.models.token_mask import TokenMask
 
@@ -222,8 +222,9 @@ def _size(mesh: Any, axes: Any) -> int:
 
 def run_fused(backend: str, q: jax.Array, k: jax.Array, v: jax.Array, *, mask: Any,
               relative: RelativeBias | None, dropout_rate: float, dropout_rng: Any,
-              dropout_row_ids: Any, layer: str) -> jax.Array:
-    """`backend` ("cudnn" or "pallas") on the target platform, per shard under a mesh."""
+              dropout_row_ids: Any, layer: str, launch: str = "") -> jax.Array:
+    """`backend` ("cudnn" or "pallas") on the target platform, per shard under a mesh;
+    `launch`: the GPU Triton kernels' (`kernel_launch` text, "" their default)."""
     b, tq, h, _ = q.shape
     mask4 = None
     tokens = mask if isinstance(mask, TokenMask) else None
@@ -257,7 +258,7 @@ def run_fused(backend: str, q: jax.Array, k: jax.Array, v: jax.Array, *, mask: A
         if "tokens" in a:
             shard_mask = tokens.with_features(a["tokens"])
         return _kernel(backend, platform, a["q"], a["k"], a["v"], shard_mask, rel,
-                       dropout_rate, a.get("drop_keys"))
+                       dropout_rate, a.get("drop_keys"), launch)
 
     mesh, batch, heads = _mesh_axes()
     if mesh is None:
@@ -281,9 +282,9 @@ def run_fused(backend: str, q: jax.Array, k: jax.Array, v: jax.Array, *, mask: A
                          out_specs=P(batch, None, heads, None), check_vma=False)(args)
 
 
-def _kernel(backend: str, platform: str, q, k, v, mask, relative, dropout_rate, drop_keys
-            ) -> jax.Array:
-    """One shard's fused attention (the kernel of `platform`)."""
+def _kernel(backend: str, platform: str, q, k, v, mask, relative, dropout_rate, drop_keys,
+            launch: str = "") -> jax.Array:
+    """One shard's fused attention (the kernel of `platform`; `launch` reaches the GPU's)."""
     if backend == "cudnn":
         return cudnn_attention(q, k, v, mask)
     kw: dict[str, Any] = dict(mask=mask, relative=relative, dropout_rate=dropout_rate,
@@ -293,6 +294,8 @@ def _kernel(backend: str, platform: str, q, k, v, mask, relative, dropout_rate, 
         from xlm_jax.models import fused_attention_tpu
 
         fn = fused_attention_tpu.flash_attention_tpu
+    elif platform == "gpu" and launch:
+        kw["launch"] = kernel_launch.parse(launch, fused_attention.GPU_LAUNCH)
     return fn(q, k, v, interpret=platform == "cpu", **kw)
 
 

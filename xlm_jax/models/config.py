@@ -14,6 +14,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from xlm_jax.models import kernel_launch
+
 POSITION_TYPES = ("absolute", "relative", "both")
 LN_STYLES = ("post", "pre")
 LANGUAGE_INITS = ("normal", "zeros")
@@ -71,6 +73,11 @@ class ModelConfig:
     relative_init: str = "normal"
     cross_attention: bool = False  # VECO: every layer also owns a cross-attention block
     attention_backend: str = "xla"  # "xla" | "cudnn" | "pallas" | "auto" (ATTENTION_BACKENDS)
+    # The GPU flash-attention kernels' launch (tiles, Triton warps and stages), as text
+    # (models/kernel_launch.py): "" is the measured default (fused_attention.GPU_LAUNCH);
+    # `accelerator.kernel_sweep` prints the one it measured best. Only the Triton kernels
+    # (pallas/auto on a GPU) read it.
+    attention_launch: str = ""
     remat: str = "none"  # per-layer rematerialisation: none | full | dots_saveable (above)
     # Apply the layers with one `nn.scan` (compiled once, whatever the depth) instead of a
     # Python loop (compiled once per layer). The parameters are then stacked under one `layers`
@@ -109,6 +116,10 @@ class ModelConfig:
             value = getattr(self, field)
             if not 0.0 <= value < 1.0:
                 raise bad(field, value, "must be in [0, 1)")
+        try:
+            kernel_launch.parse(self.attention_launch)
+        except (ValueError, AttributeError) as e:
+            raise bad("attention_launch", self.attention_launch, str(e)) from None
         if not isinstance(self.scan_layers, bool):
             raise bad("scan_layers", self.scan_layers, "must be True or False")
         for field, valid in (("ln_style", LN_STYLES), ("position_type", POSITION_TYPES),

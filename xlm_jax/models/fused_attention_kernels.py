@@ -16,6 +16,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from xlm_jax.models import attention_dropout
+from xlm_jax.models.kernel_launch import (  # noqa: F401 - re-exported
+    KERNELS, NUM_STAGES, NUM_WARPS, KernelLaunch, Launch)
 from xlm_jax.models.position import relative_position_bucket
 from xlm_jax.models.token_mask import TokenMask
 
@@ -23,59 +25,6 @@ from xlm_jax.models.token_mask import TokenMask
 # underflows to exactly 0 in float32, yet (unlike -inf) a row made only of it never produces
 # inf - inf = NaN.
 MASK_VALUE: float = -1e30
-# Triton launch settings, measured (docs/performance.md, "GPU"): forward + backward at
-# [32, 512, 12, 64] bf16 with attention dropout 0.1 on an H100 (jax 0.11.2) took 1.00 ms with
-# 64 x 64 tiles, 4 warps and 3 pipeline stages, the fastest of the seven settings tried with
-# one setting for all three kernels; the first settings, 128 x 128 tiles with 4 warps and 2
-# stages (the defaults of jax's own Pallas GPU flash attention), took 2.49 ms. Each kernel
-# takes its own `Launch` (`KernelLaunch`): `accelerator.kernel_sweep` times them apart.
-NUM_WARPS: int = 4
-NUM_STAGES: int = 3
-KERNELS: tuple[str, ...] = ("forward", "dkv", "dq")
-
-
-@dataclasses.dataclass(frozen=True)
-class Launch:
-    """One kernel's launch: its tile (``block_q`` query rows by ``block_k`` keys, powers of
-    two >= 16) and Triton's warps and software-pipeline stages (ignored when interpreted)."""
-
-    block_q: int = 64
-    block_k: int = 64
-    num_warps: int = NUM_WARPS
-    num_stages: int = NUM_STAGES
-
-    def label(self) -> str:
-        return f"{self.block_q}x{self.block_k}w{self.num_warps}s{self.num_stages}"
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelLaunch:
-    """The three kernels' launches: the forward pass, the backward's dk/dv (grid over key
-    tiles, a loop over query tiles) and its dq (grid over query tiles, a loop over keys).
-    FA-2's kernels favour different tiles (a dq or forward program holds its query tile, a
-    dk/dv program its key tile), so each has its own."""
-
-    forward: Launch = Launch()
-    dkv: Launch = Launch()
-    dq: Launch = Launch()
-
-    @classmethod
-    def uniform(cls, launch: Launch) -> KernelLaunch:
-        return cls(launch, launch, launch)
-
-    def of(self, kernel: str) -> Launch:
-        if kernel not in KERNELS:
-            raise ValueError(f"unknown kernel {kernel!r}: one of {', '.join(KERNELS)}")
-        return getattr(self, kernel)
-
-    def replace(self, kernel: str, launch: Launch) -> KernelLaunch:
-        self.of(kernel)
-        return dataclasses.replace(self, **{kernel: launch})
-
-    def label(self) -> str:
-        return "; ".join(f"{k} {self.of(k).label()}" for k in KERNELS)
-
-
 _F32 = jnp.float32
 
 

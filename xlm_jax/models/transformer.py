@@ -235,6 +235,7 @@ class MultiHeadAttention(nn.Module):
             dropout_rng = self.make_rng("dropout")
         out = attention_lib.dot_product_attention(
             q, k, v, bias=bias, relative=relative, mask=mask, backend=cfg.attention_backend,
+            launch=cfg.attention_launch,
             dropout_rate=cfg.attention_dropout_rate, dropout_rng=dropout_rng,
             dropout_row_ids=row_ids, deterministic=deterministic,
             layer="/".join(self.scope.path) if self.scope is not None else self.name)

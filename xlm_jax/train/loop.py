@@ -68,9 +68,11 @@ class TrainResult:
 
 def model_config(size: str = "base", overrides: Mapping[str, Any] | None = None,
                  dtype: str | None = None, attention_backend: str | None = None,
-                 remat: str | None = None, resize: str | None = None) -> ModelConfig:
+                 remat: str | None = None, resize: str | None = None,
+                 attention_launch: str | None = None) -> ModelConfig:
     """gin-friendly `get_config`: a named size plus a dict of field overrides. `dtype` (the
-    compute dtype; parameters keep `param_dtype`), `attention_backend` and `remat` are
+    compute dtype; parameters keep `param_dtype`), `attention_backend`, `attention_launch`
+    (the GPU kernels' tiles, warps and stages, `accelerator.kernel_sweep`) and `remat` are
     bindings of their own so that a command line or a run file's header can set them without
     restating a run file's whole `overrides` dict (`--gin.loop.model_config.dtype="'float32'"`,
     `--gin.loop.model_config.remat="'full'"`); each wins over the same key in `overrides`.
@@ -79,7 +81,7 @@ def model_config(size: str = "base", overrides: Mapping[str, Any] | None = None,
     any run file small (`--gin.SIZE="'tiny'"`)."""
     fields = dict(overrides or {})
     for name, value in (("dtype", dtype), ("attention_backend", attention_backend),
-                        ("remat", remat)):
+                        ("remat", remat), ("attention_launch", attention_launch)):
         if value is not None:
             fields[name] = value
     return sizing.resized(get_config(size, **fields), resize)

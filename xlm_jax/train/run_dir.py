@@ -22,8 +22,8 @@ temp + rename (`model_dir.write_bytes`); a checkpoint's directory is created at 
 save (`checkpoints.Checkpointer(defer_create=True)`), so a run refused at any of these points
 leaves the directory as it found it.
 
-Fields outside `ARCHITECTURE_FIELDS` (dropout, dtypes, attention backend, remat, scan layout,
-initialisers) may change between a run and its resume: they change how the step runs, not
+Fields outside `ARCHITECTURE_FIELDS` (dropout, dtypes, attention backend and kernel launch,
+remat, scan layout, initialisers) may change between a run and its resume: they change how the step runs, not
 what the parameters are (a scan-layout change is still refused by the checkpoint's layout
 check, which says how to convert). Our choice; t5x checks none of this, and HF's example
 training scripts refuse a non-empty `--output_dir` unless `--overwrite_output_dir`.
