@@ -84,3 +84,26 @@ def test_flops_per_kernel_match_the_rates_measured_on_a_gpu():
     assert rates == pytest.approx({"forward": 75, "dkv": 202, "dq": 194}, rel=0.01)
     assert kernel_sweep.gpu_launches()[0] == "64x64w4s3"  # the current setting first
     assert len(set(kernel_sweep.gpu_launches())) == 40
+
+
+def test_a_launch_the_compiler_refuses_is_a_row_not_a_failed_sweep(tmp_path, monkeypatch):
+    real = fused_attention.run_kernel
+
+    def refusing(inputs, kernel, launch, **kw):  # as Triton refuses a tile too big for SMEM
+        if launch.block_k == 32:
+            raise RuntimeError("out of resource: shared memory, Required: 262144\nmore")
+        return real(inputs, kernel, launch, **kw)
+
+    monkeypatch.setattr(fused_attention, "run_kernel", refusing)
+    code, data = _run(tmp_path, "--bias", "none", "--launches", "16x16w4s3,16x32w4s3")
+    assert code == 0
+    failed = [r for r in data["rows"] if r["status"] == "failed"]
+    assert len(failed) == 3 and all(r["launch"] == "16x32w4s3" for r in failed)
+    assert failed[0]["reason"] == "RuntimeError: out of resource: shared memory, Required: 262144"
+    assert set(data["best"]["none"].values()) == {"16x16w4s3"}
+    def broken(*args, **kw):
+        raise RuntimeError("no kernel")
+
+    monkeypatch.setattr(fused_attention, "run_kernel", broken)
+    code, data = _run(tmp_path, "--bias", "none", "--launches", "16x16w4s3")
+    assert code == 1 and {r["status"] for r in data["rows"]} == {"failed"}  # nothing ran at all

@@ -8,7 +8,7 @@ Why: a base step's attention kernels ran at very different rates on an H200 (the
 forward kernel at 7.6% of the chip's peak, its dk/dv and dq kernels at about 20%; XLM-E's
 gated-bias kernels slower still), and their one launch setting was chosen by timing forward
 and backward together. This times the three kernels (`fused_attention.KERNELS`: forward, dk/dv,
-dq) apart, each with every launch in `--launches` (default `GPU_LAUNCHES`, in the order we
+dq) apart, each with every launch in `--launches` (default `gpu_launches()`, in the order we
 expect them to win, so a budget that runs out leaves the likely ones measured), on the shapes
 of a base run file: a key-padding mask (a quarter of the rows end in padding), attention
 dropout, and for `gated` XLM-E's relative bias (32 buckets, distance 128, a per-query gate).
@@ -17,9 +17,11 @@ Every launch's outputs are compared with the default launch's (`fused_attention.
 interpreted on a CPU, where times say nothing about a GPU): a launch whose largest error,
 relative to the largest output, exceeds the dtype's tolerance is "wrong" and never "best".
 Then, budget allowing, forward + backward of the whole call with each bias's best launches
-against the default (`combined`). Prints a markdown table as it goes and the `KernelLaunch`
-to set; `--json` is rewritten after every row (`complete` false until the end). Exit status:
-0 when no launch was wrong and nothing failed; 1 otherwise; 2 on a bad flag.
+against the default (`combined`). Prints a markdown table as it goes and the launch text to
+set (`ModelConfig.attention_launch`); `--json` is rewritten after every row (`complete` false
+until the end). A launch the compiler refuses (Triton's shared memory, say) is a "failed" row,
+not a failure of the sweep. Exit status: 0 when no launch was wrong and, if any row ran, one
+was ok; 1 otherwise; 2 on a bad flag.
 """
 from __future__ import annotations
 
@@ -77,10 +79,8 @@ class Row:
     reason: str = ""
 
 
-def parse_launch(text: str):
+def parse_launch(text: str) -> kernel_launch.Launch:
     """``"128x64w4s3"`` -> ``Launch(128, 64, 4, 3)``."""
-    from xlm_jax.models import kernel_launch
-
     return kernel_launch.Launch(*kernel_launch.launch_fields(text))
 
 
@@ -203,9 +203,9 @@ class Sweep:
         return self._state[problem.bias]
 
     def _one(self, problem: Problem, kernel: str, text: str) -> Row:
-        call, ref = self._setup(problem)
-        o, lse = ref["forward"]
-        try:
+        try:  # the default launch's reference first: if it cannot run, every row says why
+            call, ref = self._setup(problem)
+            o, lse = ref["forward"]
             fn = kernel_fn(call, kernel, parse_launch(text))
             ms = _time_ms(lambda: fn(call.inputs.arrays, o, lse), self.iters)
             err = _error(fn(call.inputs.arrays, o, lse), ref[kernel])
@@ -257,18 +257,25 @@ class Sweep:
             call, _ = self._setup(problem)
             chosen = fused_attention.KernelLaunch(
                 *(parse_launch(best[k].launch) for k in fused_attention.KERNELS))
-            times = {}
             t, d = problem.seq_len, problem.head_dim
             cot = call.do[:, :t, :, :d].astype(jnp.float32)
-            for name, launch in (("default", call.inputs.st.launch), ("best", chosen)):
-                def loss(q, k, v, cot, kwargs, launch=launch):
+
+            def step_ms(launch: Any) -> float:
+                def loss(q, k, v, cot, kwargs):
                     out = fused_attention.flash_attention(
                         q, k, v, launch=launch, dropout_rate=problem.dropout, **kwargs)
                     return jnp.sum(out.astype(jnp.float32) * cot)
 
                 grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-                times[name] = _time_ms(
-                    lambda grad=grad: grad(call.q, call.k, call.v, cot, call.kwargs), self.iters)
+                return _time_ms(lambda: grad(call.q, call.k, call.v, cot, call.kwargs),
+                                self.iters)
+
+            try:
+                times = {"default": step_ms(call.inputs.st.launch), "best": step_ms(chosen)}
+            except Exception as e:  # noqa: BLE001 - the rows stand; say why this did not
+                self.combined.append({"bias": problem.bias, "launch": chosen.label(),
+                                      "error": f"{type(e).__name__}: {e}".splitlines()[0]})
+                continue
             self.combined.append({"bias": problem.bias, "launch": chosen.label(),
                                   "default_ms": round(times["default"], 4),
                                   "best_ms": round(times["best"], 4)})
@@ -363,11 +370,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  to run with it: --gin.loop.model_config.attention_launch="
                   f"\"'{sweep.launch_text()[bias]}'\"")
     for c in sweep.combined:
+        if "error" in c:
+            print(f"combined ({c['bias']}): not timed: {c['error']}")
+            continue
         print(f"combined ({c['bias']}): forward + backward {c['default_ms']:.4f} ms with the "
               f"default launch, {c['best_ms']:.4f} ms with {c['launch']}")
     if args.json:
         write_atomic(args.json, json.dumps(sweep.as_json(info), indent=1))
-    return 1 if any(r.status != "ok" for r in sweep.rows) else 0
+    wrong = any(r.status == "wrong" for r in sweep.rows)
+    none_ok = bool(sweep.rows) and not any(r.status == "ok" for r in sweep.rows)
+    return 1 if wrong or none_ok else 0
 
 
 if __name__ == "__main__":
