@@ -26,17 +26,18 @@ def importable(directory: str) -> Iterator[None]:
     """`directory` first on `sys.path` for the block (unless it is there already); after it,
     `sys.path` as before and every module imported from `directory` forgotten (`sys.modules`
     as before the block for those names)."""
-    directory = os.path.join(os.path.abspath(directory), "")
-    before = {name: m for name, m in list(sys.modules.items()) if _under(m, directory)}
-    added = directory.rstrip(os.sep) not in sys.path and directory not in sys.path
+    root = os.path.abspath(directory)
+    prefix = os.path.join(root, "")  # a sibling folder whose name starts alike is not under it
+    before = {name: m for name, m in list(sys.modules.items()) if _under(m, prefix)}
+    added = root not in sys.path
     if added:
-        sys.path.insert(0, directory.rstrip(os.sep))
+        sys.path.insert(0, root)
     try:
         yield
     finally:
         if added:
-            sys.path.remove(directory.rstrip(os.sep))
+            sys.path.remove(root)
         for name, module in list(sys.modules.items()):
-            if _under(module, directory) and before.get(name) is not module:
+            if _under(module, prefix) and before.get(name) is not module:
                 del sys.modules[name]
         sys.modules.update(before)

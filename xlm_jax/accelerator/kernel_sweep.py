@@ -242,6 +242,13 @@ class Sweep:
                     out[row.bias][row.kernel] = row
         return out
 
+    def best_launches(self) -> dict[str, kernel_launch.KernelLaunch]:
+        """Each bias variant's best launch of every kernel, where every kernel has one."""
+        return {bias: kernel_launch.KernelLaunch(
+                    *(parse_launch(kernels[k].launch) for k in kernel_launch.KERNELS))
+                for bias, kernels in self.best().items()
+                if len(kernels) == len(kernel_launch.KERNELS)}
+
     def _combine(self) -> None:
         """Forward + backward of the whole call (`flash_attention` under `jax.grad`): the
         default launch against each bias's best."""
@@ -250,13 +257,12 @@ class Sweep:
 
         from xlm_jax.models import fused_attention
 
+        best = self.best_launches()
         for problem in self.problems:
-            best = self.best().get(problem.bias, {})
-            if len(best) < len(fused_attention.KERNELS) or time.perf_counter() >= self.deadline:
+            chosen = best.get(problem.bias)
+            if chosen is None or time.perf_counter() >= self.deadline:
                 continue
             call, _ = self._setup(problem)
-            chosen = fused_attention.KernelLaunch(
-                *(parse_launch(best[k].launch) for k in fused_attention.KERNELS))
             t, d = problem.seq_len, problem.head_dim
             cot = call.do[:, :t, :, :d].astype(jnp.float32)
 
@@ -273,22 +279,16 @@ class Sweep:
             try:
                 times = {"default": step_ms(call.inputs.st.launch), "best": step_ms(chosen)}
             except Exception as e:  # noqa: BLE001 - the rows stand; say why this did not
-                self.combined.append({"bias": problem.bias, "launch": chosen.label(),
+                self.combined.append({"bias": problem.bias, "launch": kernel_launch.text(chosen),
                                       "error": f"{type(e).__name__}: {e}".splitlines()[0]})
                 continue
-            self.combined.append({"bias": problem.bias, "launch": chosen.label(),
+            self.combined.append({"bias": problem.bias, "launch": kernel_launch.text(chosen),
                                   "default_ms": round(times["default"], 4),
                                   "best_ms": round(times["best"], 4)})
 
     def launch_text(self) -> dict[str, str]:
-        """Each bias variant's best launches as `ModelConfig.attention_launch` text, where
-        every kernel has one."""
-        out = {}
-        for bias, kernels in self.best().items():
-            if len(kernels) == len(kernel_launch.KERNELS):
-                out[bias] = kernel_launch.text(kernel_launch.KernelLaunch(
-                    *(parse_launch(kernels[k].launch) for k in kernel_launch.KERNELS)))
-        return out
+        """`best_launches` as `ModelConfig.attention_launch` text."""
+        return {bias: kernel_launch.text(launch) for bias, launch in self.best_launches().items()}
 
     def as_json(self, problems_info: dict[str, Any]) -> dict[str, Any]:
         return {"settings": problems_info, "complete": self.complete,
@@ -363,12 +363,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not sweep.complete:
         print(f"budget: stopped after {len(sweep.rows)} of "
               f"{len(launches) * len(problems) * 3} rows")
+    texts = sweep.launch_text()
     for bias, kernels in sweep.best().items():
         print(f"best ({bias}): " + "; ".join(f"{k} {r.launch} {r.ms:.4f} ms"
                                              for k, r in kernels.items()))
-        if bias in sweep.launch_text():
-            print(f"  to run with it: --gin.loop.model_config.attention_launch="
-                  f"\"'{sweep.launch_text()[bias]}'\"")
+        if bias in texts:
+            print(f"  to run with it: --gin.loop.model_config.attention_launch=\"'{texts[bias]}'\"")
     for c in sweep.combined:
         if "error" in c:
             print(f"combined ({c['bias']}): not timed: {c['error']}")

@@ -497,8 +497,6 @@ def prepare(q: jax.Array, k: jax.Array, v: jax.Array, *,
 
     st = _Static(
         scale=1.0 / math.sqrt(dh),
-        block_q=bq,
-        block_k=bk,
         num_buckets=num_buckets,
         max_distance=max_distance,
         mask_b=mask.shape[0] > 1,

@@ -33,8 +33,6 @@ class _Static:
     """Compile-time settings shared by the three kernels (hashable: a custom_vjp nondiff arg)."""
 
     scale: float
-    block_q: int  # the running kernel's tile (`for_kernel` sets them from `launch`)
-    block_k: int
     num_buckets: int  # 0: no relative bias
     max_distance: int
     mask_b: bool  # the mask has a batch axis (else one mask for every row)
@@ -48,14 +46,20 @@ class _Static:
     token_rule: TokenMask | None = None
     token_names: tuple[str, ...] = ()
     launch: KernelLaunch = KernelLaunch()
-    num_warps: int = NUM_WARPS  # the running kernel's
-    num_stages: int = NUM_STAGES
+    kernel: str = "forward"  # the running kernel, whose `launch` entry the properties read
 
     def for_kernel(self, kernel: str) -> _Static:
-        """These settings with ``kernel``'s tile, warps and stages from ``launch``."""
-        run = self.launch.of(kernel)
-        return dataclasses.replace(self, block_q=run.block_q, block_k=run.block_k,
-                                   num_warps=run.num_warps, num_stages=run.num_stages)
+        """These settings for ``kernel`` (its tile, warps and stages from ``launch``)."""
+        self.launch.of(kernel)
+        return dataclasses.replace(self, kernel=kernel)
+
+    @property
+    def block_q(self) -> int:
+        return self.launch.of(self.kernel).block_q
+
+    @property
+    def block_k(self) -> int:
+        return self.launch.of(self.kernel).block_k
 
     @property
     def dropout(self) -> bool:
@@ -64,8 +68,9 @@ class _Static:
     def compiler_params(self) -> pl_triton.CompilerParams | None:
         """Triton, named explicitly: jax sends a pallas_call without compiler params to Mosaic
         GPU by default (`jax_pallas_use_mosaic_gpu`), which this kernel is not written for."""
+        run = self.launch.of(self.kernel)
         return None if self.interpret else pl_triton.CompilerParams(
-            num_warps=self.num_warps, num_stages=self.num_stages)
+            num_warps=run.num_warps, num_stages=run.num_stages)
 
 
 # ----------------------------------------------------------------------------- tile helpers

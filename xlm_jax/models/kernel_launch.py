@@ -62,9 +62,6 @@ class KernelLaunch:
         self.of(kernel)
         return dataclasses.replace(self, **{kernel: launch})
 
-    def label(self) -> str:
-        return "; ".join(f"{k} {self.of(k).label()}" for k in KERNELS)
-
 
 _LAUNCH_RE = re.compile(r"^(\d+)x(\d+)w(\d+)s(\d+)$")
 
@@ -89,10 +86,9 @@ def parse(text: str, default: KernelLaunch | None = None) -> KernelLaunch | None
     text = text.strip()
     if not text:
         return None
-    base = default or KernelLaunch()
     if "=" not in text:
         return KernelLaunch.uniform(Launch(*launch_fields(text)))
-    out = base
+    out = default or KernelLaunch()
     for part in text.split(","):
         kernel, _, value = part.partition("=")
         kernel = kernel.strip()
