@@ -25,6 +25,7 @@ import sys
 
 import pytest
 
+from tests.testlib import user_corpus
 from tests.testlib.cli_run import ROOT, env
 
 DOCS = ("README.md", "docs/quickstart.md", "docs/adding_a_corpus.md")
@@ -110,10 +111,8 @@ PLAN = (
             "needs the preparation above; tests/train/prepared_train_test.py trains on one"),
     Run("python -m xlm_jax.data.inspect --task demo_parallel --n 3", (), "example 2 of",
         slow=True),
-    # --sentences: the default 300,000 would repeat the scratch corpus's 1,180 lines 254 times
-    # (33 s of SentencePiece); 2,000 is the walk-through's size (tests/testlib/user_corpus.py).
     Run("python -m xlm_jax.data.train_spm --input_dir my_corpus/mono",
-        (("--vocab_size 8000", "--vocab_size 150 --sentences 2000"),)),
+        (("--vocab_size 8000", user_corpus.TINY_SPM),)),
     Run("python -m xlm_jax.accelerator.pod_memory --gin_file=runs/xlmr_base_mmlm.gin "
         "--devices 256", slow=True),
     NotHere("python -m xlm_jax.accelerator.pod_memory --gin_file=runs/xlmr_base_mmlm.gin "

@@ -17,7 +17,7 @@ pytest.importorskip("seqio")
 DOC = os.path.join(user_corpus.ROOT, "docs", "quickstart.md")
 SECTION = "## Your own corpus, start to finish"
 # (command, doc text, what the test runs instead): tiny sizes only.
-TINY = [("xlm_jax.data.train_spm", "--vocab_size 8000", "--vocab_size 150 --sentences 2000"),
+TINY = [("xlm_jax.data.train_spm", "--vocab_size 8000", user_corpus.TINY_SPM),
         ("xlm_jax.train", "--gin_file=demo/mmlm_tlm.gin",
          "--gin_file=demo/mmlm_tlm.gin --gin.TRAIN_STEPS=2 --gin.BATCH_SIZE=4")]
 

@@ -11,6 +11,11 @@ from tests.testlib.cli_run import ROOT, env
 
 DEMO = os.path.join(ROOT, "tasks", "demo_data")
 LANGUAGES = ("en", "de")
+# `train_spm` at test size: the documents' `--vocab_size 8000` becomes these arguments (the
+# default 300,000 sampled sentences would repeat a test corpus of a few hundred lines per
+# language hundreds of times: ~33 s of SentencePiece).
+SPM_SENTENCES = 2000
+TINY_SPM = f"--vocab_size 150 --sentences {SPM_SENTENCES}"
 
 # The task module of the walk-through (docs/adding_a_corpus.md), with the paths filled in.
 TASK_MODULE = '''\
@@ -56,7 +61,7 @@ def train_tokenizer(root: str, mono: str, vocab_size: int = 150) -> str:
     """`python -m xlm_jax.data.train_spm` on `mono`; returns the model file."""
     prefix = os.path.join(root, "my_spm")
     r = python(["-m", "xlm_jax.data.train_spm", "--input_dir", mono, "--model_prefix", prefix,
-                "--vocab_size", str(vocab_size), "--sentences", "2000"], cwd=root)
+                "--vocab_size", str(vocab_size), "--sentences", str(SPM_SENTENCES)], cwd=root)
     assert r.returncode == 0, r.stderr[-3000:]
     return prefix + ".model"
 
