@@ -171,6 +171,7 @@ def _state(model_dir, step):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("gin_isolated")  # it parses league gin files in this process
 def test_every_recipe_starts_from_the_base(tmp_path):
     """Each recipe's step-0 state after `init_from` the base (trained in-process, 1 step)."""
     import gin

@@ -191,7 +191,8 @@ def test_bench_without_torch_skips_the_comparison_with_a_note(installed):
                          "--batch_size", "2", "--seq_len", "8",
                          "--gin.loop.model_config.size='tiny'"], timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    lines = r.stdout.strip().splitlines()
-    assert lines[-2].startswith("xlm_jax  : step"), r.stdout
+    lines = r.stdout.strip().splitlines()  # the step, its compile, then the torch row
+    assert lines[-3].startswith("xlm_jax  : step"), r.stdout
+    assert lines[-2].startswith("compile  : "), r.stdout
     assert lines[-1] == ("torch/HF : skipped (torch and transformers not installed); "
                          "--no_torch silences this"), r.stdout
