@@ -60,7 +60,7 @@ def test_xlme_base_compiles_for_4_h100(tmp_path):
 def test_an_oversized_gpu_step_does_not_fit_although_xla_compiles_it(tmp_path):
     proc, r = _compile(tmp_path, "--gin_file=runs/xlmr_base_mmlm.gin", "--target", "h100:1x1x4",
                        "--size", "tiny", "--depth", "1", "--batch_size", "262144", "--seq_len",
-                       "256")  # 155 GB a device (65,536 rows fit in 47 GB since the step keeps less)
+                       "256")  # 155 GB a device (65,536 rows: 47 GB since the step keeps less)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "error" not in r and r["fits"] is False  # compiled, held against the card by us
     assert r["memory_per_device_bytes"]["total"] > r["device_memory_bytes"]
