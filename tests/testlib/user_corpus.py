@@ -14,8 +14,8 @@ LANGUAGES = ("en", "de")
 # `train_spm` at test size: the documents' `--vocab_size 8000` becomes these arguments (the
 # default 300,000 sampled sentences would repeat a test corpus of a few hundred lines per
 # language hundreds of times: ~33 s of SentencePiece).
-SPM_SENTENCES = 2000
-TINY_SPM = f"--vocab_size 150 --sentences {SPM_SENTENCES}"
+SPM_VOCAB, SPM_SENTENCES = 150, 2000
+TINY_SPM = f"--vocab_size {SPM_VOCAB} --sentences {SPM_SENTENCES}"
 
 # The task module of the walk-through (docs/adding_a_corpus.md), with the paths filled in.
 TASK_MODULE = '''\
@@ -57,7 +57,7 @@ def write_corpus(root: str, lines: int = 400) -> dict[str, str]:
     return {"mono": mono, "parallel": parallel}
 
 
-def train_tokenizer(root: str, mono: str, vocab_size: int = 150) -> str:
+def train_tokenizer(root: str, mono: str, vocab_size: int = SPM_VOCAB) -> str:
     """`python -m xlm_jax.data.train_spm` on `mono`; returns the model file."""
     prefix = os.path.join(root, "my_spm")
     r = python(["-m", "xlm_jax.data.train_spm", "--input_dir", mono, "--model_prefix", prefix,
