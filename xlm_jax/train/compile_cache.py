@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -206,18 +207,22 @@ class CompileReport:
 def compile_timed(jitted: Any, *args: Any, cache_dir: str | None) -> CompileReport:
     """Traces, lowers and compiles `jitted` (a `jax.jit` function) for `args`, timed, and
     whether jax found the executable in the persistent cache at `cache_dir` (None: none in
-    force). The jit keeps what it compiled: its first call with `args` runs the executable
-    without compiling again. The events are jax's, process-wide: a compile on another thread
-    meanwhile would count too (the loop calls this before its first step, when none runs)."""
+    force). The jit keeps what it compiled: its first call with `args` (arrays of the same
+    shapes, dtypes and shardings) runs the executable without compiling again. `args` may be
+    `jax.ShapeDtypeStruct`s with shardings (`train.compile_ahead` compiles the first step so,
+    before any batch exists). jax records its events in the thread that compiles; only this
+    thread's count, so a compile on another thread meanwhile (the run's prefill while the
+    step compiles ahead) is not taken for this one."""
     seen: dict[str, int] = {HIT_EVENT: 0, WRITE_EVENT: 0, BACKEND_COMPILE_EVENT: 0}
     backend = [0.0]
+    here = threading.get_ident()
 
     def on_event(event: str, **_: Any) -> None:
-        if event in seen:
+        if event in seen and threading.get_ident() == here:
             seen[event] += 1
 
     def on_duration(event: str, duration: float, **_: Any) -> None:
-        if event == BACKEND_COMPILE_EVENT:
+        if event == BACKEND_COMPILE_EVENT and threading.get_ident() == here:
             seen[event] += 1
             backend[0] += duration
 
@@ -233,3 +238,26 @@ def compile_timed(jitted: Any, *args: Any, cache_dir: str | None) -> CompileRepo
     return CompileReport(seconds=seconds, backend_seconds=backend[0], cache_dir=cache_dir,
                          cache_hit=seen[HIT_EVENT] > 0,
                          written=seen[WRITE_EVENT] > 0, compiled=seen[BACKEND_COMPILE_EVENT] > 0)
+
+
+class BackendCompiles:
+    """Counts the backend compiles (persistent-cache hits included) this thread makes while
+    the block runs: the loop's check that the first call ran the executable compiled before
+    it instead of compiling again."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._here = threading.get_ident()
+
+    def _on_duration(self, event: str, duration: float, **_: Any) -> None:
+        del duration
+        if event == BACKEND_COMPILE_EVENT and threading.get_ident() == self._here:
+            self.count += 1
+
+    def __enter__(self) -> "BackendCompiles":
+        self._here = threading.get_ident()
+        jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        jax.monitoring.unregister_event_duration_listener(self._on_duration)

@@ -11,6 +11,7 @@ fired. Everything else is wired in .gin files (`gin_configs/`), as t5x does.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -25,6 +26,7 @@ from xlm_jax.models.config import ModelConfig, get_config
 from xlm_jax.models.transformer import Transformer
 from xlm_jax.train import actions as actions_lib
 from xlm_jax.train import checkpoints as ckpt_lib
+from xlm_jax.train import compile_ahead as ahead_lib
 from xlm_jax.train import compile_cache
 from xlm_jax.train import streams as streams_lib
 from xlm_jax.train import evaluators as evaluators_lib
@@ -64,6 +66,9 @@ class TrainResult:
     shapes: dict[str, mixture.Shape]
     health: health_lib.HealthReport | None = None  # the health checks that fired
     step_compile: compile_cache.CompileReport | None = None  # the first step's compile
+    compiled_ahead: bool = False  # that compile ran beside the input's build (`compile_ahead`)
+    first_call_compiles: int = 0  # backend compiles in the first step's call (0: it ran the
+    # executable compiled before it)
 
 
 def model_config(size: str = "base", overrides: Mapping[str, Any] | None = None,
@@ -121,6 +126,7 @@ def train(model_dir: str,
           health: health_lib.HealthConfig = health_lib.HealthConfig(),
           compilation_cache_dir: str | None = compile_cache.AUTO,
           gc_freeze: bool = True,
+          compile_ahead: bool = True,
           allow_other_files: bool = False) -> TrainResult:
     """Trains the objective mixture; resumes from the latest checkpoint in `model_dir`.
 
@@ -170,6 +176,8 @@ def train(model_dir: str,
     `gc_freeze`: the objects alive after the first step's dispatch are frozen out of Python's
     garbage collector for the rest of the loop (`train.host_gc`: a full collection stalled
     an H200's dispatch for 168 ms).
+    `compile_ahead`: the first step is compiled on a thread while the input streams are built
+    and the first batches read (`train.compile_ahead`); False compiles it after them.
     `model_dir` must be new, empty, or hold this very run (the same model, tokenizer and
     language table: a resume); anything else is refused in one line before anything is
     written (`train.run_dir`). `allow_other_files=True` lets a run start in a directory that
@@ -226,7 +234,7 @@ def train(model_dir: str,
     # after the first step, the objects alive are frozen out of Python's collector: no full
     # collection stalls the dispatch (`train.host_gc`)
     with partitioning.activate(device_mesh, rules), watch, \
-            host_gc.FrozenHeap(gc_freeze) as heap:
+            host_gc.FrozenHeap(gc_freeze) as heap, ahead_lib.CompileAhead(compile_ahead) as ahead:
         state, resume = setup.initial_state(ckpt, parts, objs, model, seed, init_from,
                                             model_dir)
         shards = setup.input_shard_count(input_shards, resume,
@@ -234,13 +242,18 @@ def train(model_dir: str,
                                          seqio_tasks)
         tasks = {name: (f"{streams_lib.SYNTHETIC}{o.objective.kind}" if force_synthetic else spec.task)
                  for o, (name, spec) in zip(objs, objectives.items())}
+        step_fn = setup.jit_train_step(objs, parts, device_mesh, accum_steps, loss_normalization)
+        rng = jax.random.PRNGKey(seed + 1)
+        # the step compiles beside the streams' build and first batches (`train.compile_ahead`)
+        ahead.start(step_fn, state, setup.abstract_batches(
+            setup.synthetic_batches_at(objs, shapes, model, resume.step), device_mesh), rng,
+            device_mesh, rules, cache.path)
         streams, built = setup.make_streams(tasks, shapes, seed, resume, data_resume, model,
                                             model_dir, shards)
         if is_primary:  # every check has passed (the restore's and the input's too)
             setup.write_model_files(model_dir, model, spm_model, languages)
         if not mixture.is_default(shapes, batch_size, seq_len):
             print(f"mixture: {mixture.describe(shapes)}", flush=True)
-        step_fn = setup.jit_train_step(objs, parts, device_mesh, accum_steps, loss_normalization)
         if is_primary:
             print(cache_line, flush=True)
             print(f"loss = {step_lib.loss_composition(objs, loss_normalization)}", flush=True)
@@ -273,28 +286,35 @@ def train(model_dir: str,
             evaluate.at_start(state)
 
         # ---- the step loop
-        rng = jax.random.PRNGKey(seed + 1)
         step_seconds: list[float] = []
         pending: list[tuple[int, Any]] = []  # (step, its metrics still on the device)
         done, preempted = resume.step, False
-        step_compile = None
+        step_compile, compiled, again = None, None, None
         for step in range(resume.step, train_steps):
             for action in run_actions:
                 action.before(step)
             t0 = time.perf_counter()
             local = {name: next(streams[name]) for name in mixture.running(shapes, step)}
             batches = {name: setup.global_batch(b, device_mesh) for name, b in local.items()}
-            if step == resume.step:  # compiled ahead of the first call, which then runs it
-                step_compile = compile_cache.compile_timed(step_fn, state, batches, rng,
-                                                           cache_dir=cache.path)
+            first = step == resume.step
+            if first:  # compiled before the first call, which then runs it
+                compiled = ahead.result(step_fn, state, batches, rng, cache.path)
+                step_compile = compiled.compile
                 if is_primary:
                     print(f"step compiled in {step_compile.timing()}: "
-                          f"{step_compile.describe()}; set-up took {t0 - started:.1f} s",
+                          f"{step_compile.describe()}; {_set_up_line(compiled, t0 - started)}",
                           flush=True)
-            with jax.profiler.StepTraceAnnotation("train", step_num=step):
+            with jax.profiler.StepTraceAnnotation("train", step_num=step), \
+                    (compile_cache.BackendCompiles() if first else contextlib.nullcontext()) \
+                    as counted:
                 state, metrics = step_fn(state, batches, rng)
-            if step == resume.step:  # compiled and dispatched: what is alive now stays
+            if first:  # compiled and dispatched: what is alive now stays
                 heap.freeze()
+                again = counted
+                if again.count and is_primary:
+                    print(f"warning: the first step compiled again at its call ({again.count} "
+                          "backend compiles): its arguments differ from those it was compiled "
+                          "for", flush=True)
             done = step + 1
             pending.append((done, metrics))
             preempted = watch.reached(done)  # SIGTERM: save this step, then stop
@@ -322,7 +342,18 @@ def train(model_dir: str,
                                         else 0.0),
                        flops_per_token=flops_per_token, model=model, batch_size=batch_size,
                        seq_len=seq_len, objectives=tuple(objectives), shapes=shapes,
-                       health=checks.report(), step_compile=step_compile)
+                       health=checks.report(), step_compile=step_compile,
+                       compiled_ahead=bool(compiled and compiled.compiled_ahead),
+                       first_call_compiles=again.count if again else 0)
+
+
+def _set_up_line(compiled: ahead_lib.AheadReport, seconds: float) -> str:
+    """The end of the "step compiled" line: the set-up's time, and how much of it the first
+    step waited for a compile made beside the streams' build."""
+    if compiled.compiled_ahead:
+        return (f"set-up took {seconds:.1f} s with the compile beside it, then "
+                f"{compiled.waited_seconds:.1f} s more")
+    return f"set-up took {seconds:.1f} s"
 
 
 def _tokens(local: Mapping[str, Mapping[str, np.ndarray]], pad_id: int) -> int:
