@@ -103,6 +103,9 @@ def test_queue_is_full_before_step_1_from_the_initial_encoder(tmp_path):
 
 def test_resume_across_the_fill_is_bit_identical(tmp_path):
     straight = train_tiny(tmp_path / "straight", 4, objectives=_specs())
+    # the step compiled before the fill (train.compile_ahead) is the one the first step ran:
+    # the state after the fill has the initial state's shapes, dtypes and shardings
+    assert straight.compiled_ahead and straight.first_call_compiles == 0
     final = _checkpoint(tmp_path / "straight", 4)[0]
     # stopped right after the fill (step 0, written by save_initial), and after step 1
     for split, first in (("at0", 0), ("at1", 1)):
@@ -111,6 +114,7 @@ def test_resume_across_the_fill_is_bit_identical(tmp_path):
             shutil.rmtree(os.path.join(md.checkpoints_dir(tmp_path / split), "1"))
         resumed = train_tiny(tmp_path / split, 4, objectives=_specs())
         assert resumed.losses == straight.losses[first:], split
+        assert resumed.compiled_ahead and resumed.first_call_compiles == 0, split
         state, record = _checkpoint(tmp_path / split, 4)
         assert record["prefill"] == {"xlco": 2}
         # a second fill would have drawn two more batches and enqueued other keys

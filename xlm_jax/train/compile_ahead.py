@@ -8,24 +8,29 @@ dozen tf.data functions, ~0.2 s a Task on a 2-core CPU, so the demo's 77-languag
 take 15-20 s each and a CC-100 mixture of 100 languages alike, plus the first batches. XLA's
 compile, the larger part of a step's compile (12 s of the demo's 15 s on that CPU; 93 of
 XLM-E base's 108 s on an H200), runs without Python's GIL, so on a second thread it takes
-little from the pipelines' Python. The loop therefore starts the compile before it builds
-the streams (`start`), reads the first batches, and only then waits for it (`result`).
+little from the pipelines' Python where a core is free. The loop therefore starts the
+compile before it builds the streams (`start`), reads the first batches, and only then waits
+for it (`result`). Where every core is busy already (the demo's two runs side by side on two
+cores) there is nothing to gain, and nothing is lost either (docs/performance.md).
 
 Exactly what the loop compiled before, or it says so: the compile is of the step's own
-`jax.jit` with the initial state's arrays, the run's rng and abstract batches; the jit keeps
-the executable, so the first call runs it. `result` compares the first call's arguments
-with those compiled for (every leaf's shape, dtype, weak type and sharding: the real batches
-against the abstract ones, the state after the prefill against the initial one); where they
-differ (a user's stream with other features) it compiles for the real ones as before, and
-the report says `compiled_ahead=False`. A failure of the compile is raised by `result`, where the loop would
-have compiled; a failure while the streams are built waits for the compile to end (a thread
-cannot be stopped, and the process must not exit under a compiling XLA) and is then raised
-as it is: errors are the same, only later by at most the compile's time.
+`jax.jit`, for the initial state's shapes, dtypes, weak types and shardings, the run's rng and
+abstract batches; the jit keeps the executable, so the first call runs it (the loop counts
+the backend compiles of that call: 0). `result` compares the first call's arguments with
+those compiled for (the real batches against the abstract ones, the state after the prefill
+against the initial one); where they differ (a user's stream with other features) it
+compiles for the real ones as before, and the report says `compiled_ahead=False`. Before
+device work of its own ahead of the first step (XLCo's prefill, an eval at start, the
+initial save) the loop waits for the compile: XLA's GPU autotuning times kernels on the
+device, which that work would disturb. A failure of the compile is raised by `result`, where
+the loop would have compiled; a failure while the streams are built waits for the compile to
+end (a thread cannot be stopped, and the process must not exit under a compiling XLA) and is
+then raised as it is: errors are the same, only later by at most the compile's time.
 
 What runs on the thread gets the run's trace-time context again (`partitioning.activate`:
 the mesh and logical-axis rules, which jax and flax keep per thread); jax's config and gin's
-bindings are process-wide. `ahead=False` (`loop.train.compile_ahead`) compiles at the first
-step, after the streams, as before.
+bindings are process-wide. `loop.train.compile_ahead = False` compiles at the first step,
+after the streams, as before.
 """
 from __future__ import annotations
 
@@ -77,10 +82,15 @@ class CompileAhead:
               rng: Any, mesh: jax.sharding.Mesh, rules: partitioning.Rules,
               cache_dir: str | None) -> None:
         """Compiles `step_fn(state, batches, rng)` on a thread; `batches` abstract
-        (`jax.ShapeDtypeStruct`s with shardings), `state` and `rng` the run's own arrays (only
-        their shapes, dtypes and shardings are read: nothing is donated or copied)."""
+        (`jax.ShapeDtypeStruct`s with shardings), `state` and `rng` the run's own arrays. The
+        thread gets the state as `jax.ShapeDtypeStruct`s (shape, dtype, weak type, sharding):
+        the loop may donate its arrays (the prefill) while the compile runs. `rng` is never
+        donated."""
         if not self.enabled:
             return
+        state = jax.tree_util.tree_map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding,
+                                           weak_type=a.weak_type), state)
         self._abstract = _specs(state, batches, rng)
 
         def run() -> None:
@@ -110,6 +120,13 @@ class CompileAhead:
             return AheadReport(self._report, True, waited)
         return AheadReport(compile_cache.compile_timed(step_fn, state, batches, rng,
                                                        cache_dir=cache_dir), False, 0.0)
+
+    def wait(self) -> None:
+        """Waits for the compile (its result or error stays for `result`): the loop calls it
+        before device work of its own before the first step (the prefill, an eval at start, the
+        initial save), so that nothing runs on the device while the compile does (on a GPU,
+        XLA's autotuning times kernels on it)."""
+        self._join()
 
     def _join(self) -> None:
         if self._thread is not None:

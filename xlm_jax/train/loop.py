@@ -257,6 +257,8 @@ def train(model_dir: str,
         if is_primary:
             print(cache_line, flush=True)
             print(f"loss = {step_lib.loss_composition(objs, loss_normalization)}", flush=True)
+        if resume.step == 0 and (fill_plan.batches or save_initial or eval_at_start):
+            ahead.wait()  # device work before step 1: not beside the compile's autotuning
         # objectives whose state must be ready at step 1 (XLCo's queue): forward passes of the
         # initial parameters over their streams' first batches, once per run
         state, resume = prefill.run(fill_plan, objs, state, streams, resume, parts.shardings,
