@@ -39,10 +39,10 @@ def test_the_run_compiled_ahead_equals_the_run_compiled_at_its_first_step(tmp_pa
     assert _threads() == []
 
 
-def test_a_stream_with_other_features_is_compiled_for_at_its_first_step(tmp_path):
-    """A stream object whose batches carry a feature the synthetic ones of its kind do not:
-    the compile made ahead is for other arguments, so the first step compiles for the real
-    ones, and trains as the plain stream does."""
+def test_a_stream_object_is_compiled_for_at_its_first_step(tmp_path):
+    """A stream object (fine-tuning's kind of stream) may carry features the synthetic batches
+    of its kind do not: its run compiles at the first step, for the real batches, and trains
+    as the plain stream does."""
     def with_extra(b, t, seed, start):
         for batch in synthetic_batches(b, t, 256, "mono", seed=seed, start_step=start):
             yield {**batch, "extra": np.zeros_like(batch["input_ids"])}
@@ -105,6 +105,22 @@ def test_a_compile_that_fails_on_the_thread_fails_where_the_loop_waits():
         ahead.start(jax.jit(bad), x, {}, x, mesh, (), cache_dir=None)  # returns at once
         with pytest.raises(ValueError, match="no step for you"):
             ahead.result(jax.jit(bad), x, {}, x, cache_dir=None)
+    assert _threads() == []
+
+
+def test_a_compile_that_failed_for_other_arguments_is_dropped():
+    """A step that reads a feature the abstract batches lack fails on the thread; the first
+    step's real batches hold it, and the step is compiled for them without the error (the
+    same holds for any compile ahead whose arguments turn out other than the first call's)."""
+    def step(x, batches, rng):
+        return x + batches["label"].sum()
+
+    mesh = _mesh()
+    x = jnp.ones((2,))
+    with ahead_lib.CompileAhead() as ahead:
+        ahead.start(jax.jit(step), x, {}, x, mesh, (), cache_dir=None)
+        got = ahead.result(jax.jit(step), x, {"label": jnp.ones((3,))}, x, cache_dir=None)
+    assert not got.compiled_ahead and got.compile.compiled
     assert _threads() == []
 
 

@@ -10,7 +10,9 @@ compile, the larger part of a step's compile (12 s of the demo's 15 s on that CP
 XLM-E base's 108 s on an H200), runs without Python's GIL, so on a second thread it takes
 little from the pipelines' Python where a core is free. The loop therefore starts the
 compile before it builds the streams (`start`), reads the first batches, and only then waits
-for it (`result`). Where every core is busy already (the demo's two runs side by side on two
+for it (`result`); it does so where every stream is named (a seqio task or mixture, or a
+synthetic stream), whose batches hold the features of their kinds, and not for stream
+objects (fine-tuning's, with labels). Where every core is busy already (the demo's two runs side by side on two
 cores) there is nothing to gain, and nothing is lost either (docs/performance.md).
 
 Exactly what the loop compiled before, or it says so: the compile is of the step's own
@@ -18,14 +20,17 @@ Exactly what the loop compiled before, or it says so: the compile is of the step
 abstract batches; the jit keeps the executable, so the first call runs it (the loop counts
 the backend compiles of that call: 0). `result` compares the first call's arguments with
 those compiled for (the real batches against the abstract ones, the state after the prefill
-against the initial one); where they differ (a user's stream with other features) it
-compiles for the real ones as before, and the report says `compiled_ahead=False`. Before
-device work of its own ahead of the first step (XLCo's prefill, an eval at start, the
-initial save) the loop waits for the compile: XLA's GPU autotuning times kernels on the
-device, which that work would disturb. A failure of the compile is raised by `result`, where
-the loop would have compiled; a failure while the streams are built waits for the compile to
-end (a thread cannot be stopped, and the process must not exit under a compiling XLA) and is
-then raised as it is: errors are the same, only later by at most the compile's time.
+against the initial one); where they differ (a stream whose batches hold features the
+synthetic ones of its kind do not, as fine-tuning's labels) it compiles for the real ones as
+before and the report says `compiled_ahead=False`; the compile ahead is dropped, also when it
+failed (an objective that reads a feature the synthetic batches lack cannot be traced on
+them). Before device work of its own ahead of the first step (XLCo's prefill, an eval at
+start, the initial save) the loop waits for the compile: XLA's GPU autotuning times kernels
+on the device, which that work would disturb. A failure of the compile of the very
+arguments of the first call is raised by `result`, where the loop would have compiled; a
+failure while the streams are built waits for the compile to end (a thread cannot be
+stopped, and the process must not exit under a compiling XLA) and is then raised as it is:
+errors are the same, only later by at most the compile's time.
 
 What runs on the thread gets the run's trace-time context again (`partitioning.activate`:
 the mesh and logical-axis rules, which jax and flax keep per thread); jax's config and gin's
@@ -113,11 +118,14 @@ class CompileAhead:
         t0 = time.perf_counter()
         self._join()
         waited = time.perf_counter() - t0
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-        if self._report is not None and self._abstract == _specs(state, batches, rng):
+        error, self._error = self._error, None
+        if self._abstract is not None and self._abstract == _specs(state, batches, rng):
+            if error is not None:  # the compile of these very arguments failed
+                raise error
             return AheadReport(self._report, True, waited)
+        # not started, or for other arguments (a stream whose batches hold features the
+        # synthetic ones of its kind do not, such as fine-tuning's labels, whose objective
+        # cannot even be traced without them): compiled for the real ones, as without
         return AheadReport(compile_cache.compile_timed(step_fn, state, batches, rng,
                                                        cache_dir=cache_dir), False, 0.0)
 

@@ -1,9 +1,10 @@
 """`train()`: the one gin-configurable entry point — a run is setup, then steps and actions.
 
 setup (`train.setup`): checks that need nothing built -> model + objectives -> sharded state
-(init, pre-trained init, or restore with its `ResumeInfo`) -> data streams from the restored
-step -> at a run's start, the fill of objectives whose state must be ready at step 1
-(`train.prefill`: XLCo's queue). Then the step loop: each step is dispatched, and every
+(init, pre-trained init, or restore with its `ResumeInfo`) -> the first step's compile started
+on a thread (`train.compile_ahead`) -> data streams from the restored step -> at a run's
+start, the fill of objectives whose state must be ready at step 1 (`train.prefill`: XLCo's
+queue). Then the step loop: each step is dispatched, and every
 periodic job — logging, the objectives' health checks (`train.health`), the evaluators
 (`train.evaluators`), checkpoints, profiling, the operative config, a user's own — is an
 action called after it (`train.actions`); the run's last line lists the health checks that
@@ -245,9 +246,12 @@ def train(model_dir: str,
         step_fn = setup.jit_train_step(objs, parts, device_mesh, accum_steps, loss_normalization)
         rng = jax.random.PRNGKey(seed + 1)
         # the step compiles beside the streams' build and first batches (`train.compile_ahead`)
-        ahead.start(step_fn, state, setup.abstract_batches(
-            setup.synthetic_batches_at(objs, shapes, model, resume.step), device_mesh), rng,
-            device_mesh, rules, cache.path)
+        # where every stream is named (seqio or synthetic: its batches hold its kind's
+        # features); a stream object's (fine-tuning's, with labels) compiles at the first step
+        if all(isinstance(task, str) for task in tasks.values()):
+            ahead.start(step_fn, state, setup.abstract_batches(
+                setup.synthetic_batches_at(objs, shapes, model, resume.step), device_mesh), rng,
+                device_mesh, rules, cache.path)
         streams, built = setup.make_streams(tasks, shapes, seed, resume, data_resume, model,
                                             model_dir, shards)
         if is_primary:  # every check has passed (the restore's and the input's too)
