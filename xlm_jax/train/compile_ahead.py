@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -113,8 +114,6 @@ class CompileAhead:
                rng: Any, cache_dir: str | None) -> AheadReport:
         """The first step's compile, for the real `batches`: the one made ahead when they match
         what it was made for, else a compile now (inside the loop's `partitioning.activate`)."""
-        import time
-
         t0 = time.perf_counter()
         self._join()
         waited = time.perf_counter() - t0
@@ -123,9 +122,9 @@ class CompileAhead:
             if error is not None:  # the compile of these very arguments failed
                 raise error
             return AheadReport(self._report, True, waited)
-        # not started, or for other arguments (a stream whose batches hold features the
-        # synthetic ones of its kind do not, such as fine-tuning's labels, whose objective
-        # cannot even be traced without them): compiled for the real ones, as without
+        # not started, or for other arguments (batches with features the synthetic ones of
+        # their kind lack, which an objective may not even trace without): dropped, also when
+        # it failed, and compiled for the real arguments, as without
         return AheadReport(compile_cache.compile_timed(step_fn, state, batches, rng,
                                                        cache_dir=cache_dir), False, 0.0)
 
