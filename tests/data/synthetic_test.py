@@ -160,8 +160,8 @@ def test_real_converted_batches_follow_the_same_contract(tmp_path, train_xlmr_sp
                        ("mixup_pair", "syn_mixup")):
         batch = next(make_batch_iterator(name, 8, 48, seed=0))
         assert sorted(batch) == sorted(feature_names(kind))
-        # the shapes and dtypes too: the trainer compiles its first step for the synthetic
-        # batch's before the real one exists (train.compile_ahead)
+        # the shapes and dtypes too: the trainer compiles its first step for these
+        # (setup.batch_specs) before the real batch exists (train.compile_ahead)
         assert all(v.shape == (8, 48) and v.dtype == np.int32 for v in batch.values())
         for prefix in PREFIXES[kind]:
             check_rows(batch, prefix, vocab_size, pair_format=kind in PAIR_ROWS,

@@ -68,11 +68,11 @@ def test_an_executable_compiled_for_abstract_arguments_serves_the_real_call():
     report = cc.compile_timed(f, abstract, abstract, cache_dir=None)
     assert report.compiled
     x = jax.make_array_from_process_local_data(sharding, np.ones((4, 8), np.int32))
-    with cc.BackendCompiles() as first:
+    with cc.CompileEvents() as first:
         assert int(f(x, x)) == 96
     assert first.count == 0
     y = jax.make_array_from_process_local_data(sharding, np.ones((4, 16), np.int32))
-    with cc.BackendCompiles() as other:
+    with cc.CompileEvents() as other:
         f(y, y)
     assert other.count == 1
 
@@ -81,14 +81,14 @@ def test_counts_are_of_the_compiling_thread_only():
     f = jax.jit(lambda x: jnp.sin(x) * 3)
     g = jax.jit(lambda x: jnp.cos(x) * 5)
     x = jnp.ones((3,))
-    with cc.BackendCompiles() as here:
+    with cc.CompileEvents() as here:
         t = threading.Thread(target=lambda: f.lower(x).compile())
         t.start()
         t.join()
     assert here.count == 0
     seen = []
     t = threading.Thread(target=lambda: seen.append(cc.compile_timed(g, x, cache_dir=None)))
-    with cc.BackendCompiles() as here:
+    with cc.CompileEvents() as here:
         t.start()
         t.join()
         jax.jit(lambda x: x - 7).lower(x).compile()

@@ -223,6 +223,7 @@ def build(mesh_sizes: Mapping[str, int], batch_size: int | None = None,
     import numpy as np
 
     from xlm_jax.models.transformer import Transformer
+    from xlm_jax.train import streams as streams_lib
     from xlm_jax.train import mixture, partitioning, setup
 
     kw = train_bindings()
@@ -241,10 +242,18 @@ def build(mesh_sizes: Mapping[str, int], batch_size: int | None = None,
     state = jax.tree_util.tree_map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         parts.abstract, parts.shardings)
-    first = setup.synthetic_batches_at(objs, shapes, model, 0)
-    tokens = sum(int((v != model.pad_id).sum()) for b in first.values() for k, v in b.items()
-                 if k.endswith("input_ids"))
-    batches = setup.abstract_batches(first, mesh)
+    batches = setup.batch_specs(objs, shapes, mesh, 0)
+    tokens = 0
+    for o in objs:
+        if o.name not in batches:
+            continue
+        shape = shapes[o.name]
+        first = next(streams_lib.make_stream(
+            f"{streams_lib.SYNTHETIC}{o.objective.kind}", shape.batch_size, shape.seq_len, 0, 0,
+            model.vocab_size,
+            num_languages=streams_lib.synthetic_language_count(model.num_languages)))
+        tokens += sum(int((v != model.pad_id).sum()) for k, v in first.items()
+                      if k.endswith("input_ids"))
     rng = jax.ShapeDtypeStruct((2,), np.uint32, sharding=partitioning.replicated(mesh))
     step_fn = setup.jit_train_step(objs, parts, mesh, kw["accum_steps"],
                                   kw["loss_normalization"])

@@ -2,35 +2,35 @@
 
 A run's set-up builds its input streams and compiles its step, and neither needs the other:
 the step compiles against the batches' shapes, dtypes and shardings, which the objectives'
-kinds and the run's batch sizes fix (`setup.synthetic_batches_at` gives them), not against
-their values. The streams of seqio mixtures are slow to build: every Task traces about a
-dozen tf.data functions, ~0.2 s a Task on a 2-core CPU, so the demo's 77-language mixtures
-take 15-20 s each and a CC-100 mixture of 100 languages alike, plus the first batches. XLA's
+kinds and the run's batch sizes fix (`setup.batch_specs` gives them), not against their
+values. The streams of seqio mixtures are slow to build: every Task traces about a dozen
+tf.data functions, ~0.2 s a Task on a 2-core CPU, so the demo's 77-language mixtures take
+15-20 s each and a CC-100 mixture of 100 languages alike, plus the first batches. XLA's
 compile, the larger part of a step's compile (12 s of the demo's 15 s on that CPU; 93 of
 XLM-E base's 108 s on an H200), runs without Python's GIL, so on a second thread it takes
 little from the pipelines' Python where a core is free. The loop therefore starts the
 compile before it builds the streams (`start`), reads the first batches, and only then waits
 for it (`result`); it does so where every stream is named (a seqio task or mixture, or a
 synthetic stream), whose batches hold the features of their kinds, and not for stream
-objects (fine-tuning's, with labels). Where every core is busy already (the demo's two runs side by side on two
-cores) there is nothing to gain, and nothing is lost either (docs/performance.md).
+objects (fine-tuning's, with labels). Where every core is busy already (the demo's two runs
+side by side on two cores) there is nothing to gain, and nothing is lost either
+(docs/performance.md).
 
 Exactly what the loop compiled before, or it says so: the compile is of the step's own
 `jax.jit`, for the initial state's shapes, dtypes, weak types and shardings, the run's rng and
-abstract batches; the jit keeps the executable, so the first call runs it (the loop counts
+the abstract batches; the jit keeps the executable, so the first call runs it (the loop counts
 the backend compiles of that call: 0). `result` compares the first call's arguments with
 those compiled for (the real batches against the abstract ones, the state after the prefill
-against the initial one); where they differ (a stream whose batches hold features the
-synthetic ones of its kind do not, as fine-tuning's labels) it compiles for the real ones as
-before and the report says `compiled_ahead=False`; the compile ahead is dropped, also when it
-failed (an objective that reads a feature the synthetic batches lack cannot be traced on
-them). Before device work of its own ahead of the first step (XLCo's prefill, an eval at
-start, the initial save) the loop waits for the compile: XLA's GPU autotuning times kernels
-on the device, which that work would disturb. A failure of the compile of the very
-arguments of the first call is raised by `result`, where the loop would have compiled; a
-failure while the streams are built waits for the compile to end (a thread cannot be
-stopped, and the process must not exit under a compiling XLA) and is then raised as it is:
-errors are the same, only later by at most the compile's time.
+against the initial one); where they differ it compiles for the real ones as before and the
+report says `compiled_ahead=False`: the compile ahead is dropped, also when it failed (a step
+that reads a feature the abstract batches lack cannot be traced on them). Before device work
+of its own ahead of the first step (XLCo's prefill, an eval at start, the initial save) the
+loop waits for the compile: XLA's GPU autotuning times kernels on the device, which that
+work would disturb. A failure of the compile of the very arguments of the first call is
+raised by `result`, where the loop would have compiled; a failure while the streams are
+built waits for the compile to end (a thread cannot be stopped, and the process must not
+exit under a compiling XLA) and is then raised as it is: errors are the same, only later by
+at most the compile's time.
 
 What runs on the thread gets the run's trace-time context again (`partitioning.activate`:
 the mesh and logical-axis rules, which jax and flax keep per thread); jax's config and gin's

@@ -210,54 +210,51 @@ def compile_timed(jitted: Any, *args: Any, cache_dir: str | None) -> CompileRepo
     force). The jit keeps what it compiled: its first call with `args` (arrays of the same
     shapes, dtypes and shardings) runs the executable without compiling again. `args` may be
     `jax.ShapeDtypeStruct`s with shardings (`train.compile_ahead` compiles the first step so,
-    before any batch exists). jax records its events in the thread that compiles; only this
-    thread's count, so a compile on another thread meanwhile (the run's prefill while the
-    step compiles ahead) is not taken for this one."""
-    seen: dict[str, int] = {HIT_EVENT: 0, WRITE_EVENT: 0, BACKEND_COMPILE_EVENT: 0}
-    backend = [0.0]
-    here = threading.get_ident()
-
-    def on_event(event: str, **_: Any) -> None:
-        if event in seen and threading.get_ident() == here:
-            seen[event] += 1
-
-    def on_duration(event: str, duration: float, **_: Any) -> None:
-        if event == BACKEND_COMPILE_EVENT and threading.get_ident() == here:
-            seen[event] += 1
-            backend[0] += duration
-
-    jax.monitoring.register_event_listener(on_event)
-    jax.monitoring.register_event_duration_secs_listener(on_duration)
-    try:
+    before any batch exists). Only this thread's events count (`CompileEvents`), so a compile
+    on another thread meanwhile (the run's prefill while the step compiles ahead) is not
+    taken for this one."""
+    with CompileEvents() as seen:
         start = time.perf_counter()
         jitted.lower(*args).compile()
         seconds = time.perf_counter() - start
-    finally:
-        jax.monitoring.unregister_event_listener(on_event)
-        jax.monitoring.unregister_event_duration_listener(on_duration)
-    return CompileReport(seconds=seconds, backend_seconds=backend[0], cache_dir=cache_dir,
-                         cache_hit=seen[HIT_EVENT] > 0,
-                         written=seen[WRITE_EVENT] > 0, compiled=seen[BACKEND_COMPILE_EVENT] > 0)
+    return CompileReport(seconds=seconds, backend_seconds=seen.backend_seconds,
+                         cache_dir=cache_dir, cache_hit=seen.hits > 0, written=seen.writes > 0,
+                         compiled=seen.count > 0)
 
 
-class BackendCompiles:
-    """Counts the backend compiles (persistent-cache hits included) this thread makes while
-    the block runs: the loop's check that the first call ran the executable compiled before
-    it instead of compiling again."""
+class CompileEvents:
+    """jax's compile events that this thread records while the block runs: backend compiles
+    (persistent-cache hits included) and their seconds, cache hits and writes. For
+    `compile_timed`, and the loop's check that the first call ran the executable compiled
+    before it instead of compiling again (`count` 0). jax records them in the thread that
+    compiles, so another thread's compiles are not counted."""
 
     def __init__(self) -> None:
-        self.count = 0
+        self.count = 0  # backend compiles
+        self.backend_seconds = 0.0
+        self.hits = 0
+        self.writes = 0
         self._here = threading.get_ident()
+
+    def _on_event(self, event: str, **_: Any) -> None:
+        if threading.get_ident() != self._here:
+            return
+        if event == HIT_EVENT:
+            self.hits += 1
+        elif event == WRITE_EVENT:
+            self.writes += 1
 
     def _on_duration(self, event: str, duration: float, **_: Any) -> None:
-        del duration
         if event == BACKEND_COMPILE_EVENT and threading.get_ident() == self._here:
             self.count += 1
+            self.backend_seconds += duration
 
-    def __enter__(self) -> "BackendCompiles":
+    def __enter__(self) -> "CompileEvents":
         self._here = threading.get_ident()
+        jax.monitoring.register_event_listener(self._on_event)
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        jax.monitoring.unregister_event_listener(self._on_event)
         jax.monitoring.unregister_event_duration_listener(self._on_duration)

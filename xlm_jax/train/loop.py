@@ -249,9 +249,8 @@ def train(model_dir: str,
         # where every stream is named (seqio or synthetic: its batches hold its kind's
         # features); a stream object's (fine-tuning's, with labels) compiles at the first step
         if all(isinstance(task, str) for task in tasks.values()):
-            ahead.start(step_fn, state, setup.abstract_batches(
-                setup.synthetic_batches_at(objs, shapes, model, resume.step), device_mesh), rng,
-                device_mesh, rules, cache.path)
+            ahead.start(step_fn, state, setup.batch_specs(objs, shapes, device_mesh, resume.step),
+                        rng, device_mesh, rules, cache.path)
         streams, built = setup.make_streams(tasks, shapes, seed, resume, data_resume, model,
                                             model_dir, shards)
         if is_primary:  # every check has passed (the restore's and the input's too)
@@ -295,7 +294,7 @@ def train(model_dir: str,
         step_seconds: list[float] = []
         pending: list[tuple[int, Any]] = []  # (step, its metrics still on the device)
         done, preempted = resume.step, False
-        step_compile, compiled, again = None, None, None
+        step_compile, compiled_ahead, first_call_compiles = None, False, 0
         for step in range(resume.step, train_steps):
             for action in run_actions:
                 action.before(step)
@@ -305,22 +304,22 @@ def train(model_dir: str,
             first = step == resume.step
             if first:  # compiled before the first call, which then runs it
                 compiled = ahead.result(step_fn, state, batches, rng, cache.path)
-                step_compile = compiled.compile
+                step_compile, compiled_ahead = compiled.compile, compiled.compiled_ahead
                 if is_primary:
                     print(f"step compiled in {step_compile.timing()}: "
                           f"{step_compile.describe()}; {_set_up_line(compiled, t0 - started)}",
                           flush=True)
             with jax.profiler.StepTraceAnnotation("train", step_num=step), \
-                    (compile_cache.BackendCompiles() if first else contextlib.nullcontext()) \
+                    (compile_cache.CompileEvents() if first else contextlib.nullcontext()) \
                     as counted:
                 state, metrics = step_fn(state, batches, rng)
             if first:  # compiled and dispatched: what is alive now stays
                 heap.freeze()
-                again = counted
-                if again.count and is_primary:
-                    print(f"warning: the first step compiled again at its call ({again.count} "
-                          "backend compiles): its arguments differ from those it was compiled "
-                          "for", flush=True)
+                first_call_compiles = counted.count
+                if first_call_compiles and is_primary:
+                    print(f"warning: the first step compiled again at its call "
+                          f"({first_call_compiles} backend compiles): its arguments differ from "
+                          "those it was compiled for", flush=True)
             done = step + 1
             pending.append((done, metrics))
             preempted = watch.reached(done)  # SIGTERM: save this step, then stop
@@ -349,8 +348,7 @@ def train(model_dir: str,
                        flops_per_token=flops_per_token, model=model, batch_size=batch_size,
                        seq_len=seq_len, objectives=tuple(objectives), shapes=shapes,
                        health=checks.report(), step_compile=step_compile,
-                       compiled_ahead=bool(compiled and compiled.compiled_ahead),
-                       first_call_compiles=again.count if again else 0)
+                       compiled_ahead=compiled_ahead, first_call_compiles=first_call_compiles)
 
 
 def _set_up_line(compiled: ahead_lib.AheadReport, seconds: float) -> str:
