@@ -263,6 +263,9 @@ def test_task_files_discovers_the_xtreme_layout(tmp_path):
                                                    "sw": j(train, "tydiqa.sw.train.json")}
     assert list(xr.task_files(r, "tydiqa", "dev")) == ["ko"]
     _raises(lambda: xr.task_files(r, "xquad", "dev"), "xquad", "'dev'", "test")
+    # TyDiQA's XTREME "test" set is its dev folder: the error says so (and only for TyDiQA)
+    _raises(lambda: xr.task_files(r, "tydiqa", "test"), "'test'", "goldp dev folder", "'dev'")
+    assert "TyDiQA" not in _raises(lambda: xr.task_files(r, "squad", "test"), "'test'")
     _raises(lambda: xr.task_files(r, "xcopa", "test"), "'xcopa'")
     _raises(lambda: xr.task_files(str(tmp_path / "nowhere"), "panx", "dev"), os.path.join("nowhere", "panx"))
 

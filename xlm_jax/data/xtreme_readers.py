@@ -303,8 +303,11 @@ def _layout(task: str, split: str) -> tuple[str, list[str], str]:
     splits = {"squad": ("train", "dev"), "xquad": ("test",), "mlqa": ("dev", "test"),
               "tydiqa": ("train", "dev")}.get(task, ("train", "dev", "test"))
     if split not in splits:
+        # XTREME evaluates TyDiQA-GoldP on its dev files (its "test" set); say so.
+        hint = ("; XTREME's TyDiQA test set is its goldp dev folder: use split 'dev'"
+                if (task, split) == ("tydiqa", "test") else "")
         raise ValueError(f"task {task} has no split {split!r} in the XTREME layout "
-                         f"(expected one of {', '.join(splits)})")
+                         f"(expected one of {', '.join(splits)}){hint}")
     if task in ("xnli", "pawsx", "panx", "udpos"):
         return task, [rf"{split}-{_LANG}\.tsv"], f"{split}-{{lang}}.tsv"
     if task == "squad":
