@@ -100,6 +100,49 @@ def test_strategies():
         bucc.mine(x, y, strategy="all")
 
 
+def _mine_reference(x, y, k, strategy):
+    """Mining on the whole [N, M] matrix in float64 (LASER's steps one by one): the margin of
+    every pair (`margin_scores`, checked against its formula above), each row's k nearest by a
+    stable sort of its cosines, the best margin among them, then the strategy."""
+    ux, uy = bucc._unit_rows(x), bucc._unit_rows(y)
+    sim, margin = ux @ uy.T, bucc.margin_scores(x, y, k)
+
+    def best(sim, margin):
+        near = np.argsort(-sim, axis=1, kind="stable")[:, :min(k, sim.shape[1])]
+        scores = np.take_along_axis(margin, near, axis=1)
+        pick = np.argmax(scores, axis=1)
+        return near[np.arange(len(near)), pick], scores[np.arange(len(near)), pick]
+
+    fb, fs = best(sim, margin)
+    bb, bs = best(sim.T, margin.T)
+    fwd = [(i, int(j), float(s)) for i, (j, s) in enumerate(zip(fb, fs))]
+    bwd = [(int(i), j, float(s)) for j, (i, s) in enumerate(zip(bb, bs))]
+    if strategy == "forward":
+        return fwd
+    if strategy == "backward":
+        return bwd
+    if strategy == "intersect":
+        return [p for p in fwd if bb[p[1]] == p[0]]
+    pairs, sx, sy = [], set(), set()
+    for i, j, s in sorted(fwd + bwd, key=lambda p: -p[2]):
+        if i not in sx and j not in sy:
+            sx.add(i), sy.add(j), pairs.append((i, j, s))
+    return pairs
+
+
+@pytest.mark.parametrize("strategy", bucc.STRATEGIES)
+@pytest.mark.parametrize("k,block", [(4, 6), (4, 4096), (1, 9), (60, 7)])
+def test_mining_from_the_blocked_neighbours_equals_mining_on_the_whole_matrix(strategy, k, block):
+    x, y, *_ = _rotated(n=40, distractors=15, d=12, noise=0.3, seed=2)
+    # A shared offset, as sentence embeddings have (positive mean cosines): centred vectors
+    # with k = all rows give margins over a mean cosine near 0, which float32 cannot resolve.
+    x, y = x + 0.5, y + 0.5
+    got = bucc.mine(x, y, k=k, strategy=strategy, block=block)
+    want = sorted(_mine_reference(x, y, k, strategy), key=lambda p: -p[2])
+    assert [(i, j) for i, j, _ in got] == [(i, j) for i, j, _ in want]
+    np.testing.assert_allclose([s for *_, s in got], [s for *_, s in want], rtol=1e-5)
+
+
 def test_max_strategy_resolves_a_conflict_by_score():
     # x0 and x1 both point at y0 (forward); y1 points at x1 (backward). max keeps the best
     # pair for y0 and gives x1 to y1 only if it was not used.
@@ -227,6 +270,16 @@ def test_cli_end_to_end(model_dir, encoder, tmp_path, capsys):  # noqa: F811
         (data["per_language"]["de"]["f1"] + data["per_language"]["fr"]["f1"]) / 2)
     printed = capsys.readouterr().out
     assert "precision" in printed and f"{data['per_language']['de']['f1']:.2f}" in printed
+    # Blocks of 3 sentences a side (the files hold 7) mine the same pairs.
+    small = tmp_path / "res" / "small_blocks.json"
+    assert bucc.main(["--checkpoint", model_dir, "--bucc_dir", str(folder), "--languages",
+                      "de,fr", "--layer", "1", "--max_length", "32", "--threshold_from", "dev",
+                      "--block_size", "3", "--output_json", str(small)]) == 0
+    blocked = json.loads(small.read_text())["per_language"]
+    for lang in ("de", "fr"):
+        for key, value in data["per_language"][lang].items():
+            assert blocked[lang][key] == pytest.approx(value, rel=1e-5), (lang, key)
+    capsys.readouterr()
 
     # A given threshold is scored as given.
     assert bucc.main(["--checkpoint", model_dir, "--bucc_dir", str(folder), "--languages", "de",
@@ -287,3 +340,10 @@ def test_cli_bad_inputs(model_dir, tmp_path, capsys):  # noqa: F811
 
     err = run(tmp_path / "missing")
     assert "not a directory" in err and "{xx}-en.{split}.{xx}" in err
+
+    with pytest.raises(SystemExit) as exit_info:
+        bucc.main(["--checkpoint", model_dir, "--bucc_dir", str(fresh("block")), "--layer", "1",
+                   "--block_size", "0", "--output_json", str(tmp_path / "x.json")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("--block_size=0 must be >= 1 (--help lists "
+                                                    "every flag)")

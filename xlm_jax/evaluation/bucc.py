@@ -2,7 +2,7 @@ r"""BUCC 2018 bitext mining (XTREME): margin-scored nearest neighbours, F1 again
 
     python -m xlm_jax.evaluation.bucc --checkpoint DIR [--step N] --bucc_dir DIR --layer N \
         [--languages de,fr] [--split test] [--threshold_from dev | --threshold X] [--k 4] \
-        [--strategy max] [--pool mean] [--max_length N] [--batch_size 64] \
+        [--strategy max] [--pool mean] [--max_length N] [--batch_size 64] [--block_size 4096] \
         [--language_list CODES|FILE] --output_json FILE
 
 Files, in `bucc_dir` or its `{xx}-en/` subfolder (as the BUCC tarballs unpack):
@@ -28,10 +28,12 @@ The threshold is the best-F1 one (`optimize_threshold`, LASER's `BuccOptimize`) 
 bound); `--threshold X` scores a given one. Pairs scoring >= threshold are predicted and scored
 by `xlm_jax.evaluation.metrics.bucc_scores` (0-100).
 
-Search is brute force in numpy over [N, M] float64 matrices: fine for the sample/dev split
-and small folders (a few GB at ~20k sentences a side), not for BUCC `training` (~400k a side).
-That, and pod-scale mining, would use an index such as FAISS (as LASER and XTREME do), which
-xlm_jax does not ship.
+Search: every sentence's k nearest of the other side, exact, in float32 as LASER's and
+XTREME's FAISS index (`IndexFlatIP`) searches, in jax on blocks of `--block_size` sentences a
+side (`evaluation/nearest.py`): the margin's means and the candidates come from those lists,
+so no [N, M] matrix is built and XTREME's test split (BUCC `training`, ~400k sentences a side)
+fits in about 2.5 GB of device memory at 768 dimensions (docs/architecture.md, "BUCC at
+XTREME's size", has the measured times).
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from xlm_jax import cli_help
-from xlm_jax.evaluation import embedding
+from xlm_jax.evaluation import embedding, nearest
 from xlm_jax.evaluation.metrics.bucc_f1 import bucc_scores
 
 FILE_PATTERN = "{xx}-en.{split}.{xx} + {xx}-en.{split}.en + {xx}-en.{split}.gold"
@@ -180,32 +182,39 @@ def _margin(sim: np.ndarray, k: int) -> np.ndarray:
     return sim / ((fwd[:, None] + bwd[None, :]) / 2.0)
 
 
-def _best_among_nearest(sim: np.ndarray, margin: np.ndarray, k: int
-                        ) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: among its k nearest columns by cosine, the one with the best margin, and that
-    margin (LASER's `score_candidates` over `knn` indices, then `argmax`)."""
-    k = min(k, sim.shape[1])
-    nearest = np.argsort(-sim, axis=1, kind="stable")[:, :k]
-    scores = np.take_along_axis(margin, nearest, axis=1)
-    pick = np.argmax(scores, axis=1)
-    rows = np.arange(sim.shape[0])
-    return nearest[rows, pick], scores[rows, pick]
+def _best_of(nn: nearest.Neighbours, own_mean: np.ndarray, other_mean: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: among its k nearest rows of the other side by cosine, the one with the best
+    margin, and that margin (LASER's `score_candidates` over its `knn` indices, then `argmax`:
+    the first of equal margins)."""
+    sims = nn.sims.astype(np.float64)
+    margin = sims / ((own_mean[:, None] + other_mean[nn.index]) / 2.0)
+    pick = np.argmax(margin, axis=1)
+    rows = np.arange(len(margin))
+    return nn.index[rows, pick].astype(np.int64), margin[rows, pick]
 
 
-def mine(x: Any, y: Any, k: int = DEFAULT_K, strategy: str = "max"
-         ) -> list[tuple[int, int, float]]:
+def mine(x: Any, y: Any, k: int = DEFAULT_K, strategy: str = "max",
+         block: int = nearest.DEFAULT_BLOCK) -> list[tuple[int, int, float]]:
     """Candidate pairs (row of x, row of y, margin score), highest score first.
 
     `forward`: each x with its best y; `backward`: each y with its best x; `intersect`: the
     forward pairs that are also backward pairs; `max` (default, LASER's and XTREME's): forward
     and backward pairs by decreasing score, a pair kept only when neither of its sentences is
-    in a pair kept before (ties in the forward-then-backward order)."""
+    in a pair kept before (ties in the forward-then-backward order).
+
+    Everything comes from each side's k nearest rows of the other (`nearest.mutual_nearest`,
+    exact, in float32 as LASER's FAISS index, `block` rows of each side at a time): the margin's
+    two neighbourhood means and the candidates, so no [N, M] matrix is built."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
-    sim = _unit_rows(x) @ _unit_rows(y).T
-    margin = _margin(sim, k)
-    fwd_best, fwd_score = _best_among_nearest(sim, margin, k)
-    bwd_best, bwd_score = _best_among_nearest(sim.T, margin.T, k)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k={k!r} must be an integer >= 1")
+    x_nn, y_nn = nearest.mutual_nearest(x, y, k, block)
+    fwd_mean = x_nn.sims.astype(np.float64).mean(axis=1)  # each x's k nearest y
+    bwd_mean = y_nn.sims.astype(np.float64).mean(axis=1)  # each y's k nearest x
+    fwd_best, fwd_score = _best_of(x_nn, fwd_mean, bwd_mean)
+    bwd_best, bwd_score = _best_of(y_nn, bwd_mean, fwd_mean)
     fwd = [(i, int(j), float(s)) for i, (j, s) in enumerate(zip(fwd_best, fwd_score))]
     bwd = [(int(i), j, float(s)) for j, (i, s) in enumerate(zip(bwd_best, bwd_score))]
     if strategy == "forward":
@@ -225,14 +234,15 @@ def mine(x: Any, y: Any, k: int = DEFAULT_K, strategy: str = "max"
 
 
 def mine_pairs(x: Any, y: Any, src_ids: Sequence[str | None], en_ids: Sequence[str | None],
-               k: int = DEFAULT_K, strategy: str = "max") -> dict[Pair, float]:
+               k: int = DEFAULT_K, strategy: str = "max", block: int = nearest.DEFAULT_BLOCK
+               ) -> dict[Pair, float]:
     """`mine` keyed by ids: {(src_id, en_id): score}. Row i of `x` is `src_ids[i]`; a None id
     (an ambiguous sentence) drops its pairs."""
     if len(src_ids) != len(x) or len(en_ids) != len(y):
         raise ValueError(f"mine_pairs: {len(x)}/{len(y)} vectors but {len(src_ids)}/"
                          f"{len(en_ids)} ids")
     out: dict[Pair, float] = {}
-    for i, j, s in mine(x, y, k, strategy):
+    for i, j, s in mine(x, y, k, strategy, block):
         if src_ids[i] is not None and en_ids[j] is not None:
             key = (src_ids[i], en_ids[j])
             out[key] = max(s, out.get(key, s))
@@ -304,7 +314,7 @@ def _unify(ids: Sequence[str], sents: Sequence[str]) -> tuple[list[str], list[st
 
 def split_pairs(encoder: Any, data: BuccSplit, layer: int, k: int = DEFAULT_K,
                 strategy: str = "max", pool: str = "mean", max_length: int | None = None,
-                batch_size: int = 64) -> dict[Pair, float]:
+                batch_size: int = 64, block: int = nearest.DEFAULT_BLOCK) -> dict[Pair, float]:
     """Embeds a split's distinct sentences (retrieval's path, each side in its language for a
     model with language embeddings) and mines them: {(src_id, en_id): score}."""
     uses = embedding.uses_languages(encoder)
@@ -316,7 +326,8 @@ def split_pairs(encoder: Any, data: BuccSplit, layer: int, k: int = DEFAULT_K,
     vecs = embedding.embed_keyed(encoder, uniq, [layer], pool, max_length, batch_size)[0]
     at = {key: i for i, key in enumerate(uniq)}
     rows = np.array([at[key] for key in keys])
-    return mine_pairs(vecs[rows[:len(src)]], vecs[rows[len(src):]], src_ids, en_ids, k, strategy)
+    return mine_pairs(vecs[rows[:len(src)]], vecs[rows[len(src):]], src_ids, en_ids, k, strategy,
+                      block)
 
 
 @dataclasses.dataclass
@@ -347,7 +358,8 @@ def evaluate(encoder: Any, bucc_dir: str, layer: int, languages: Sequence[str] |
              split: str = "test", threshold_from: str | None = None,
              threshold: float | None = None, k: int = DEFAULT_K, strategy: str = "max",
              pool: str = "mean", max_length: int | None = None, batch_size: int = 64,
-             checkpoint: str | None = None, step: int | None = None) -> BuccResult:
+             checkpoint: str | None = None, step: int | None = None,
+             block: int = nearest.DEFAULT_BLOCK) -> BuccResult:
     """Mines and scores `split` of every language (default: all found) with one layer.
 
     The threshold is `threshold` if given, else the best-F1 one on `threshold_from`'s gold
@@ -358,6 +370,8 @@ def evaluate(encoder: Any, bucc_dir: str, layer: int, languages: Sequence[str] |
         raise ValueError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
     if k < 1:
         raise ValueError(f"k={k} must be >= 1")
+    if block < 1:
+        raise ValueError(f"block={block} must be >= 1")
     layer = embedding.check_layer(layer, encoder.config.num_layers)[0]
     found = find_languages(bucc_dir, split)
     langs = list(dict.fromkeys(languages)) if languages else found
@@ -374,7 +388,7 @@ def evaluate(encoder: Any, bucc_dir: str, layer: int, languages: Sequence[str] |
     tune = (data if tune_on in (None, split)
             else {l: read_split(bucc_dir, l, tune_on) for l in langs})
     args = dict(layer=layer, k=k, strategy=strategy, pool=pool, max_length=max_length,
-                batch_size=batch_size)
+                batch_size=batch_size, block=block)
     per_language = {}
     for lang in langs:
         pairs = split_pairs(encoder, data[lang], **args)
@@ -412,9 +426,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="how a sentence's tokens pool")
     p.add_argument("--max_length", type=int, default=None, help="as retrieval")
     p.add_argument("--batch_size", type=int, default=64, help="sentences per forward pass")
+    p.add_argument("--block_size", type=int, default=nearest.DEFAULT_BLOCK,
+                   help="sentences of each side per block of the nearest-neighbour search "
+                        "(device memory: block_size^2 x 4 bytes)")
     p.add_argument("--language_list", default=None, help="as retrieval")
     p.add_argument("--output_json", required=True, help="where the scores are written")
     args = p.parse_args(argv)
+    if args.block_size < 1:
+        p.error(f"--block_size={args.block_size} must be >= 1")
     languages = ([l.strip() for l in args.languages.split(",") if l.strip()]
                  if args.languages else None)
     try:
@@ -427,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
                           k=args.k, strategy=args.strategy, pool=args.pool,
                           max_length=args.max_length, batch_size=args.batch_size,
                           checkpoint=os.path.abspath(args.checkpoint),
-                          step=embedding.resolve_step(args.checkpoint, args.step))
+                          step=embedding.resolve_step(args.checkpoint, args.step),
+                          block=args.block_size)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
