@@ -52,7 +52,7 @@ TABLE = [
         "--layer", "8", "--output_json", "/nonexistent/r.json"], 2,
      "error: /nonexistent/model: not a directory"),
     ("xlm_jax.evaluation.bucc", "no args", [], 2, "python -m xlm_jax.evaluation.bucc: error: the "
-     "following arguments are required: --checkpoint, --bucc_dir, --layer, --output_json"
+     "following arguments are required: --checkpoint, --bucc_dir, --layer"
      " (--help lists every flag)"),
     ("xlm_jax.evaluation.bucc", "bad value", [
         "--checkpoint", "/nonexistent/model", "--bucc_dir", "/nonexistent/bucc", "--layer", "8",

@@ -255,7 +255,8 @@ def test_cli_end_to_end(model_dir, encoder, tmp_path, capsys):  # noqa: F811
     assert rc == 0
     data = json.loads(out.read_text())
     assert set(data) == {"layer", "split", "threshold_from", "k", "strategy", "average_f1",
-                         "per_language", "checkpoint", "step"}
+                         "per_language", "checkpoint", "step", "predictions"}
+    assert data["predictions"] is None
     assert (data["layer"], data["split"], data["threshold_from"]) == (1, "test", "dev")
     assert (data["k"], data["strategy"]) == (4, "max")
     assert set(data["per_language"]) == {"de", "fr"}
@@ -288,6 +289,45 @@ def test_cli_end_to_end(model_dir, encoder, tmp_path, capsys):  # noqa: F811
     de = json.loads(out.read_text())["per_language"]["de"]
     assert de["threshold"] == -100 and de["num_predicted"] == de["num_candidates"]
     assert json.loads(out.read_text())["threshold_from"] == "given"
+
+
+def test_predictions_for_a_split_without_gold_as_xtreme_ships_its_test(model_dir, encoder,
+                                                                      tmp_path, capsys):
+    """XTREME's test folder has no gold files: mined with the dev threshold, the predicted
+    pairs written as XTREME's `test-{xx}.tsv`, the table with counts and no scores. The same
+    folder with its gold: the written file is what was scored."""
+    folder = _bucc_folder(tmp_path / "bucc", langs=("de",))
+    gold_file = folder / "de-en.test.gold"
+    gold = {tuple(line.split("\t")) for line in gold_file.read_text().splitlines()}
+    scored_json, scored_dir = tmp_path / "scored.json", tmp_path / "pred_gold"
+    argv = ["--checkpoint", model_dir, "--bucc_dir", str(folder), "--layer", "1",
+            "--max_length", "32", "--threshold_from", "dev"]
+    assert bucc.main(argv + ["--predictions_dir", str(scored_dir),
+                             "--output_json", str(scored_json)]) == 0
+    scored = json.loads(scored_json.read_text())
+    lines = (scored_dir / "test-de.tsv").read_text().splitlines()
+    predicted = {tuple(line.split("\t")) for line in lines}
+    assert 0 < len(lines) == len(predicted) == scored["per_language"]["de"]["num_predicted"]
+    assert bucc_scores(gold, predicted)["f1"] == pytest.approx(scored["per_language"]["de"]["f1"])
+    assert scored["predictions"] == {"de": str(scored_dir / "test-de.tsv")}
+    capsys.readouterr()
+
+    gold_file.unlink()  # now as XTREME ships it
+    blind_dir = tmp_path / "pred_blind"
+    assert bucc.main(argv + ["--predictions_dir", str(blind_dir)]) == 0  # no --output_json
+    out = capsys.readouterr().out.splitlines()
+    assert (blind_dir / "test-de.tsv").read_text() == (scored_dir / "test-de.tsv").read_text()
+    threshold = scored["per_language"]["de"]["threshold"]
+    assert out[1].split() == ["de", "-", "-", "-", f"{threshold:.4f}", str(len(lines))]
+    assert out[-1] == (f"layer 1, split test (threshold from dev): no gold to score -> "
+                       f"{blind_dir}")
+    result = bucc.evaluate(encoder, str(folder), 1, split="test", threshold_from="dev",
+                           max_length=32)
+    de = result.per_language["de"]
+    assert (de.precision, de.recall, de.f1, de.num_gold) == (None, None, None, None)
+    assert result.average_f1 is None and de.num_predicted == len(lines)
+    # Tuning on the split itself still needs its gold: one line naming the file.
+    assert f"{gold_file}: gold file not found" in _error(capsys, argv[:-2])
 
 
 def _error(capsys, argv) -> str:

@@ -3,7 +3,7 @@ r"""BUCC 2018 bitext mining (XTREME): margin-scored nearest neighbours, F1 again
     python -m xlm_jax.evaluation.bucc --checkpoint DIR [--step N] --bucc_dir DIR --layer N \
         [--languages de,fr] [--split test] [--threshold_from dev | --threshold X] [--k 4] \
         [--strategy max] [--pool mean] [--max_length N] [--batch_size 64] [--block_size 4096] \
-        [--language_list CODES|FILE] --output_json FILE
+        [--language_list CODES|FILE] [--predictions_dir DIR] [--output_json FILE]
 
 Files, in `bucc_dir` or its `{xx}-en/` subfolder (as the BUCC tarballs unpack):
 `{xx}-en.{split}.{xx}` and `{xx}-en.{split}.en` with `id<TAB>sentence` lines, and
@@ -26,7 +26,11 @@ The threshold is the best-F1 one (`optimize_threshold`, LASER's `BuccOptimize`) 
 `--threshold_from`'s gold, applied to `--split` (XTREME: tuned on its `dev`, applied to its
 `test`); without it, on `--split`'s own gold (LASER's README table for BUCC `training`: an upper
 bound); `--threshold X` scores a given one. Pairs scoring >= threshold are predicted and scored
-by `xlm_jax.evaluation.metrics.bucc_scores` (0-100).
+by `xlm_jax.evaluation.metrics.bucc_scores` (0-100). XTREME's own `test` folder has no gold
+(its leaderboard scores it): mine it with `--threshold_from dev` and `--predictions_dir DIR`,
+which writes each language's predicted pairs as `test-{xx}.tsv` (`xx_id<TAB>en_id` lines, the
+lines XTREME's `bucc_extract` writes); the table then shows counts and no scores. BUCC's own
+`training` gold scores the papers' test numbers where XTREME's folder lacks it.
 
 Search: every sentence's k nearest of the other side, exact, in float32 as LASER's and
 XTREME's FAISS index (`IndexFlatIP`) searches, in jax on blocks of `--block_size` sentences a
@@ -62,14 +66,15 @@ Pair = tuple[str, str]
 
 @dataclasses.dataclass(frozen=True)
 class BuccSplit:
-    """One language's split: ids and sentences of both sides (file order) and the gold pairs."""
+    """One language's split: ids and sentences of both sides (file order) and the gold pairs
+    (None for a split without a gold file, such as XTREME's `test`, read to predict only)."""
 
     lang: str
     src_ids: list[str]
     src: list[str]
     en_ids: list[str]
     en: list[str]
-    gold: set[Pair]
+    gold: set[Pair] | None
 
 
 def _path(bucc_dir: str, lang: str, split: str, ext: str) -> str:
@@ -139,13 +144,15 @@ def read_gold(path: str, src_ids: Sequence[str], en_ids: Sequence[str],
     return gold
 
 
-def read_split(bucc_dir: str, lang: str, split: str) -> BuccSplit:
-    """Reads one language's split: both sentence files and the gold pairs."""
+def read_split(bucc_dir: str, lang: str, split: str, need_gold: bool = True) -> BuccSplit:
+    """Reads one language's split: both sentence files and the gold pairs (with `need_gold`
+    False, a missing gold file gives `gold=None`; a gold file that is there is checked)."""
     src_path, en_path, gold_path = (_path(bucc_dir, lang, split, ext)
                                     for ext in (lang, ENGLISH, "gold"))
     src_ids, src = read_sentences(src_path)
     en_ids, en = read_sentences(en_path)
-    gold = read_gold(gold_path, src_ids, en_ids, src_path, en_path)
+    gold = (read_gold(gold_path, src_ids, en_ids, src_path, en_path)
+            if need_gold or os.path.isfile(gold_path) else None)
     return BuccSplit(lang, src_ids, src, en_ids, en, gold)
 
 
@@ -282,26 +289,43 @@ def optimize_threshold(pairs: Mapping[Pair, float], gold: set[Pair]) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class MiningScore:
-    """One language's scores (precision, recall, f1 on 0-100) at `threshold`."""
+    """One language's scores (precision, recall, f1 on 0-100) at `threshold`; the three scores
+    and `num_gold` are None for a split without gold (predicted only)."""
 
-    precision: float
-    recall: float
-    f1: float
+    precision: float | None
+    recall: float | None
+    f1: float | None
     threshold: float
-    num_gold: int
+    num_gold: int | None
     num_predicted: int
     num_candidates: int
 
-    def to_json(self) -> dict[str, float]:
+    def to_json(self) -> dict[str, float | None]:
         return dataclasses.asdict(self)
 
 
-def score(pairs: Mapping[Pair, float], gold: set[Pair], threshold: float) -> MiningScore:
-    """`bucc_scores` of the pairs predicted at `threshold`."""
+def score(pairs: Mapping[Pair, float], gold: set[Pair] | None, threshold: float) -> MiningScore:
+    """`bucc_scores` of the pairs predicted at `threshold` (only the counts without gold)."""
     pred = predict(pairs, threshold)
+    if gold is None:
+        return MiningScore(None, None, None, float(threshold), None, len(pred), len(pairs))
     s = bucc_scores(gold, pred)
     return MiningScore(s["precision"], s["recall"], s["f1"], float(threshold), len(gold),
                          len(pred), len(pairs))
+
+
+def write_predictions(path: str, pairs: Mapping[Pair, float], threshold: float) -> int:
+    """The pairs predicted at `threshold`, one `xx_id<TAB>en_id` line each by decreasing score
+    (the lines XTREME's `bucc_extract` writes; a gold file's format), written to a temporary
+    file and renamed, so a failed run leaves no partial file. Returns the number of lines."""
+    lines = [f"{a}\t{b}\n" for (a, b), s in sorted(pairs.items(), key=lambda kv: -kv[1])
+             if s >= threshold]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+    os.replace(tmp, path)
+    return len(lines)
 
 
 def _unify(ids: Sequence[str], sents: Sequence[str]) -> tuple[list[str], list[str | None]]:
@@ -342,16 +366,20 @@ class BuccResult:
     per_language: dict[str, MiningScore]
     checkpoint: str | None = None
     step: int | None = None
+    predictions: dict[str, str] | None = None  # language -> its predictions file
 
     @property
-    def average_f1(self) -> float:
-        return float(np.mean([s.f1 for s in self.per_language.values()]))
+    def average_f1(self) -> float | None:
+        """The mean F1 over the languages; None when a language has no gold to score."""
+        f1 = [s.f1 for s in self.per_language.values()]
+        return None if any(v is None for v in f1) else float(np.mean(f1))
 
     def to_json(self) -> dict[str, Any]:
         return {"layer": self.layer, "split": self.split, "threshold_from": self.threshold_from,
                 "k": self.k, "strategy": self.strategy, "average_f1": self.average_f1,
                 "per_language": {l: s.to_json() for l, s in sorted(self.per_language.items())},
-                "checkpoint": self.checkpoint, "step": self.step}
+                "checkpoint": self.checkpoint, "step": self.step,
+                "predictions": self.predictions}
 
 
 def evaluate(encoder: Any, bucc_dir: str, layer: int, languages: Sequence[str] | None = None,
@@ -359,11 +387,16 @@ def evaluate(encoder: Any, bucc_dir: str, layer: int, languages: Sequence[str] |
              threshold: float | None = None, k: int = DEFAULT_K, strategy: str = "max",
              pool: str = "mean", max_length: int | None = None, batch_size: int = 64,
              checkpoint: str | None = None, step: int | None = None,
-             block: int = nearest.DEFAULT_BLOCK) -> BuccResult:
+             block: int = nearest.DEFAULT_BLOCK,
+             predictions_dir: str | None = None) -> BuccResult:
     """Mines and scores `split` of every language (default: all found) with one layer.
 
     The threshold is `threshold` if given, else the best-F1 one on `threshold_from`'s gold
-    (default: `split`'s own). Every file is read and checked before anything is embedded."""
+    (default: `split`'s own). A split without gold files (XTREME's `test`) can be mined with a
+    threshold from elsewhere: its languages get the counts and no scores. With
+    `predictions_dir`, each language's predicted pairs go to `{split}-{lang}.tsv` there
+    (`write_predictions`; XTREME's file names). Every file is read and checked before
+    anything is embedded."""
     if threshold is not None and threshold_from is not None:
         raise ValueError("give a threshold or a split to tune it on (threshold_from), not both")
     if strategy not in STRATEGIES:
@@ -384,12 +417,12 @@ def evaluate(encoder: Any, bucc_dir: str, layer: int, languages: Sequence[str] |
         for lang in [*langs, ENGLISH]:
             encoder.lang_id(lang)
     tune_on = threshold_from or (None if threshold is not None else split)
-    data = {l: read_split(bucc_dir, l, split) for l in langs}
+    data = {l: read_split(bucc_dir, l, split, need_gold=tune_on == split) for l in langs}
     tune = (data if tune_on in (None, split)
             else {l: read_split(bucc_dir, l, tune_on) for l in langs})
     args = dict(layer=layer, k=k, strategy=strategy, pool=pool, max_length=max_length,
                 batch_size=batch_size, block=block)
-    per_language = {}
+    per_language, predictions = {}, {}
     for lang in langs:
         pairs = split_pairs(encoder, data[lang], **args)
         th = threshold
@@ -397,8 +430,12 @@ def evaluate(encoder: Any, bucc_dir: str, layer: int, languages: Sequence[str] |
             tuned = pairs if tune_on == split else split_pairs(encoder, tune[lang], **args)
             th = optimize_threshold(tuned, tune[lang].gold)
         per_language[lang] = score(pairs, data[lang].gold, th)
+        if predictions_dir is not None:
+            path = os.path.abspath(os.path.join(predictions_dir, f"{split}-{lang}.tsv"))
+            write_predictions(path, pairs, th)
+            predictions[lang] = path
     return BuccResult(layer, split, tune_on or "given", k, strategy, per_language,
-                      checkpoint, step)
+                      checkpoint, step, predictions or None)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -430,7 +467,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="sentences of each side per block of the nearest-neighbour search "
                         "(device memory: block_size^2 x 4 bytes)")
     p.add_argument("--language_list", default=None, help="as retrieval")
-    p.add_argument("--output_json", required=True, help="where the scores are written")
+    p.add_argument("--predictions_dir", default=None,
+                   help="write each language's predicted pairs to {split}-{lang}.tsv here "
+                        "(xx_id<TAB>en_id lines, XTREME's files); a split without gold files "
+                        "is mined with --threshold_from or --threshold")
+    p.add_argument("--output_json", default=None, help="also write the scores here (JSON)")
     args = p.parse_args(argv)
     if args.block_size < 1:
         p.error(f"--block_size={args.block_size} must be >= 1")
@@ -447,18 +488,27 @@ def main(argv: list[str] | None = None) -> int:
                           max_length=args.max_length, batch_size=args.batch_size,
                           checkpoint=os.path.abspath(args.checkpoint),
                           step=embedding.resolve_step(args.checkpoint, args.step),
-                          block=args.block_size)
+                          block=args.block_size, predictions_dir=args.predictions_dir)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
-    with open(args.output_json, "w", encoding="utf-8") as f:
-        json.dump(result.to_json(), f, indent=2)
-    print(f"{'lang':<6}{'precision':>10}{'recall':>8}{'f1':>8}{'threshold':>11}")
+    if args.output_json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
+        with open(args.output_json, "w", encoding="utf-8") as f:
+            json.dump(result.to_json(), f, indent=2)
+
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    print(f"{'lang':<6}{'precision':>10}{'recall':>8}{'f1':>8}{'threshold':>11}{'predicted':>11}")
     for lang, s in sorted(result.per_language.items()):
-        print(f"{lang:<6}{s.precision:>10.2f}{s.recall:>8.2f}{s.f1:>8.2f}{s.threshold:>11.4f}")
+        print(f"{lang:<6}{num(s.precision):>10}{num(s.recall):>8}{num(s.f1):>8}"
+              f"{s.threshold:>11.4f}{s.num_predicted:>11}")
+    average = ("no gold to score" if result.average_f1 is None
+               else f"average F1 {result.average_f1:.2f}")
+    written = [p for p in (args.output_json, args.predictions_dir) if p]
     print(f"layer {result.layer}, split {result.split} (threshold from {result.threshold_from})"
-          f": average F1 {result.average_f1:.2f} -> {args.output_json}")
+          f": {average}" + (f" -> {', '.join(written)}" if written else ""))
     return 0
 
 
