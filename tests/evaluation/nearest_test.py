@@ -57,6 +57,17 @@ def test_random_vectors_match_the_whole_matrix_and_every_block_size_agrees(block
     np.testing.assert_array_equal(scaled.index, x_nn.index)
 
 
+def test_rows_are_normalised_in_float64_chunk_by_chunk():
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(11, 6)).astype(np.float32) * 100
+    want = (x.astype(np.float64) / np.linalg.norm(x.astype(np.float64), axis=1,
+                                                  keepdims=True)).astype(np.float32)
+    np.testing.assert_array_equal(nearest.unit_rows(x), want)
+    np.testing.assert_array_equal(nearest.unit_rows(x, chunk=3), want)
+    with pytest.raises(ValueError, match=r"^x: 2 row\(s\) hold NaN or infinity$"):
+        nearest.unit_rows(np.where(np.arange(11)[:, None] % 5 == 4, np.inf, x), chunk=3)
+
+
 def test_bad_inputs_are_one_line_errors():
     x, y = np.ones((3, 4)), np.ones((5, 4))
     cases = [
