@@ -304,6 +304,47 @@ def trainer_state_dir(model_dir: PathLike, step: int | None = None) -> str:
     return os.fspath(resolve(checkpoints_dir(model_dir)) / str(step) / STATE_ITEM)
 
 
+def saved_tree(checkpoint: PathLike) -> Any:
+    """The tree of an orbax checkpoint item (a trainer state or a `params/` folder) with each
+    array's metadata (shape, dtype) at its leaves: what is there, nothing read."""
+    import orbax.checkpoint as ocp
+
+    with ocp.PyTreeCheckpointer() as ckptr:
+        return ckptr.metadata(os.fspath(resolve(checkpoint))).item_metadata.tree
+
+
+def restore_subtree(checkpoint: PathLike, keys: Sequence[str] = ()) -> Any:
+    """The arrays under `keys` of an orbax checkpoint item, as numpy arrays, read alone
+    (orbax's partial restore): a trainer state's `("params", "encoder")` without the
+    optimiser's moments and the objectives' state, about a quarter of the state at XLM-R's
+    sizes (three quarters of the bytes a reader of the encoder never needed: measured in
+    docs/architecture.md, "Reading a checkpoint's encoder"). A missing key is a one-line
+    KeyError naming the keys there."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    path = os.fspath(resolve(checkpoint))
+    with ocp.PyTreeCheckpointer() as ckptr:
+        sub = ckptr.metadata(path).item_metadata.tree
+        for n, key in enumerate(keys):
+            if not isinstance(sub, dict) or key not in sub:
+                there = ", ".join(sorted(map(str, sub))) if isinstance(sub, dict) else "an array"
+                raise KeyError(f"{path}: no {'/'.join(keys[:n + 1])} in this checkpoint "
+                               f"({'/'.join(keys[:n]) or 'its top level'} holds {there})")
+            sub = sub[key]
+        spec = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), sub)
+        item: Any = spec
+        for key in reversed(keys):
+            item = {key: item}
+        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+        out = ckptr.restore(path, args=ocp.args.PyTreeRestore(
+            item=item, restore_args=restore_args, partial_restore=True))
+    for key in keys:
+        out = out[key]
+    return out
+
+
 def params_dir(model_dir: PathLike) -> str:
     return os.fspath(resolve(model_dir) / PARAMS_DIR)
 

@@ -258,9 +258,7 @@ def save_xlm_jax(out_dir: str, cfg: ModelConfig, params: Params,
 
 def load_xlm_jax(model_dir: str, step: int | None = None) -> tuple[ModelConfig, Params]:
     """Reads an xlm_jax model directory, or a trainer model_dir's checkpoint (`step`, default
-    the latest)."""
-    import orbax.checkpoint as ocp
-
+    the latest). Only the encoder's arrays are read (`model_dir.restore_subtree`)."""
     model_dir = os.fspath(md.resolve(model_dir))
     if not md.is_model_dir(model_dir):
         raise FileNotFoundError(f"{model_dir}: not an xlm_jax model directory (no "
@@ -273,14 +271,27 @@ def load_xlm_jax(model_dir: str, step: int | None = None) -> tuple[ModelConfig, 
                                 "checkpoints: leave the step out")
     if step is not None or not md.has_params_dir(model_dir):
         params_dir = md.trainer_state_dir(model_dir, step)
-    with ocp.StandardCheckpointer() as ckptr:
-        params = ckptr.restore(params_dir)
+    # Only the encoder's arrays are read: not the optimiser's moments, the objectives' modules
+    # or their state (which a trainer checkpoint holds beside them).
+    params = md.restore_subtree(params_dir, encoder_keys(md.saved_tree(params_dir)))
     from xlm_jax.models import layer_stack
 
     # In the layout the config names, whichever layout the saved parameters have.
-    params = layer_stack.to_layout(encoder_subtree(params), cfg.scan_layers)
+    params = layer_stack.to_layout(params, cfg.scan_layers)
     check_params(params, cfg, source=model_dir)
     return cfg, params
+
+
+def encoder_keys(tree: Mapping[str, Any]) -> tuple[str, ...]:
+    """Where a saved tree keeps the encoder's parameters, as `encoder_subtree` finds them:
+    ("params", "encoder") in a train state, ("params",) before objective-owned modules,
+    ("encoder",) in a `{encoder, objectives}` tree, () for encoder parameters themselves."""
+    keys: tuple[str, ...] = ()
+    if "params" in tree and "embeddings" not in tree:
+        keys, tree = ("params",), tree["params"]
+    if "encoder" in tree and "embeddings" not in tree:
+        keys = keys + ("encoder",)
+    return keys
 
 
 def encoder_subtree(tree: Mapping[str, Any]) -> Params:

@@ -94,7 +94,6 @@ def evaluate(model_dir: str, *, source_file: str = gin.REQUIRED,
     `check_only` validates the settings and the test files and returns (the CLI does this
     before training, so a bad file fails in seconds, not after the fine-tuning).
     `language_tokens`: the `Translation` objective's setting (the same gin macro)."""
-    import orbax.checkpoint as ocp
     import sacrebleu
 
     from xlm_jax.data.vocab import XLMRTokenizer
@@ -122,8 +121,7 @@ def evaluate(model_dir: str, *, source_file: str = gin.REQUIRED,
     tok = XLMRTokenizer(md.find_spm(model_dir))
     objective = Translation(Transformer(cfg), decoder_layers=decoder_layers,
                             language_tokens=language_tokens, languages=languages)
-    with ocp.StandardCheckpointer() as ckptr:
-        params = ckptr.restore(md.trainer_state_dir(model_dir, step))["params"]
+    params = md.restore_subtree(md.trainer_state_dir(model_dir, step), ("params",))
     run = jax.jit(lambda p, ids: translate_batch(
         objective, p, ids, src_id, tgt_id, beam_size, length_penalty, max_length,
         tok.bos_id, tok.eos_id, tok.pad_id))

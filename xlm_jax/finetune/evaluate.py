@@ -22,12 +22,9 @@ from xlm_jax.objectives import task_heads as heads
 
 
 def load_params(run_dir: str, step: int) -> Any:
-    """`{"encoder", "objectives"}` parameters of the trainer checkpoint `step` of `run_dir`."""
-    import orbax.checkpoint as ocp
-
-    with ocp.StandardCheckpointer() as ckptr:
-        tree = ckptr.restore(md.trainer_state_dir(run_dir, step))
-    return tree["params"]
+    """`{"encoder", "objectives"}` parameters of the trainer checkpoint `step` of `run_dir`
+    (read alone: not the optimiser's moments)."""
+    return md.restore_subtree(md.trainer_state_dir(run_dir, step), ("params",))
 
 
 @functools.lru_cache(maxsize=8)
