@@ -4,7 +4,6 @@ objectives' state are never read), and names what is there when a key is not."""
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from orbax.checkpoint._src.serialization import jax_array_handlers, type_handlers
 
 import jax
 from tests.testlib.tiny_run import train_tiny
@@ -27,7 +26,7 @@ def _flat(tree):
 def read_names(monkeypatch):
     """The names of the arrays orbax deserialises, whichever handler reads them."""
     names = []
-    for cls in (type_handlers.NumpyHandler, jax_array_handlers.ArrayHandler):
+    for cls in (ocp.type_handlers.NumpyHandler, ocp.type_handlers.ArrayHandler):
         original = cls.deserialize
 
         async def recording(self, infos, args=None, _original=original):
