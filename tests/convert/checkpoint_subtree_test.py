@@ -73,3 +73,12 @@ def test_a_missing_key_names_what_is_there(run_dir):
     with pytest.raises(KeyError, match="its top level holds .*opt_state.*params"):
         md.restore_subtree(state_dir, ("weights",))
     assert hf.encoder_keys(md.saved_tree(state_dir)) == ("params", "encoder")
+
+
+def test_encoder_keys_of_each_saved_layout():
+    emb = {"embeddings": {}, "layers_0": {}}
+    assert hf.encoder_keys({"step": 0, "params": {"encoder": emb, "objectives": {}}}) == (
+        "params", "encoder")
+    assert hf.encoder_keys({"step": 0, "params": emb, "opt_state": []}) == ("params",)
+    assert hf.encoder_keys({"encoder": emb, "objectives": {}}) == ("encoder",)
+    assert hf.encoder_keys(emb) == ()

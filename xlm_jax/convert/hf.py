@@ -283,26 +283,16 @@ def load_xlm_jax(model_dir: str, step: int | None = None) -> tuple[ModelConfig, 
 
 
 def encoder_keys(tree: Mapping[str, Any]) -> tuple[str, ...]:
-    """Where a saved tree keeps the encoder's parameters, as `encoder_subtree` finds them:
-    ("params", "encoder") in a train state, ("params",) before objective-owned modules,
-    ("encoder",) in a `{encoder, objectives}` tree, () for encoder parameters themselves."""
+    """Where a saved tree keeps the encoder's parameters: ("params", "encoder") in a train
+    state, ("params",) in one from before objective-owned modules (`params` held the encoder
+    alone; it still loads), ("encoder",) in a `{encoder, objectives}` tree, () for encoder
+    parameters themselves (an exported `params/`)."""
     keys: tuple[str, ...] = ()
     if "params" in tree and "embeddings" not in tree:
         keys, tree = ("params",), tree["params"]
     if "encoder" in tree and "embeddings" not in tree:
         keys = keys + ("encoder",)
     return keys
-
-
-def encoder_subtree(tree: Mapping[str, Any]) -> Params:
-    """The encoder's parameters of a saved tree: a train state (`params/encoder/...`; before
-    objective-owned modules, `params/...` held the encoder alone and still loads), a
-    `{encoder, objectives}` params tree, or encoder parameters themselves."""
-    if "params" in tree and "embeddings" not in tree:
-        tree = tree["params"]
-    if "encoder" in tree and "embeddings" not in tree:
-        tree = tree["encoder"]
-    return tree
 
 
 def check_params(params: Params, cfg: ModelConfig, source: str) -> None:
