@@ -313,12 +313,13 @@ def saved_tree(checkpoint: PathLike) -> Any:
         return ckptr.metadata(os.fspath(resolve(checkpoint))).item_metadata.tree
 
 
-def restore_subtree(checkpoint: PathLike, keys: Sequence[str] = ()) -> Any:
+def restore_subtree(checkpoint: PathLike, keys: Sequence[str] = (), tree: Any = None) -> Any:
     """The arrays under `keys` of an orbax checkpoint item, as numpy arrays, read alone
     (orbax's partial restore): a trainer state's `("params", "encoder")` without the
     optimiser's moments and the objectives' state, about a quarter of the state at XLM-R's
     sizes (three quarters of the bytes a reader of the encoder never needed: measured in
-    docs/architecture.md, "Reading a checkpoint's encoder"). A missing key is a one-line
+    docs/architecture.md, "Reading a checkpoint's encoder"). `tree`: its `saved_tree`, where
+    the caller has read it already (else it is read here). A missing key is a one-line
     KeyError naming the keys there."""
     import jax
     import numpy as np
@@ -326,7 +327,7 @@ def restore_subtree(checkpoint: PathLike, keys: Sequence[str] = ()) -> Any:
 
     path = os.fspath(resolve(checkpoint))
     with ocp.PyTreeCheckpointer() as ckptr:
-        sub = ckptr.metadata(path).item_metadata.tree
+        sub = ckptr.metadata(path).item_metadata.tree if tree is None else tree
         for n, key in enumerate(keys):
             if not isinstance(sub, dict) or key not in sub:
                 there = ", ".join(sorted(map(str, sub))) if isinstance(sub, dict) else "an array"

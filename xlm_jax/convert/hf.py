@@ -273,7 +273,8 @@ def load_xlm_jax(model_dir: str, step: int | None = None) -> tuple[ModelConfig, 
         params_dir = md.trainer_state_dir(model_dir, step)
     # Only the encoder's arrays are read: not the optimiser's moments, the objectives' modules
     # or their state (which a trainer checkpoint holds beside them).
-    params = md.restore_subtree(params_dir, encoder_keys(md.saved_tree(params_dir)))
+    tree = md.saved_tree(params_dir)
+    params = md.restore_subtree(params_dir, encoder_keys(tree), tree)
     from xlm_jax.models import layer_stack
 
     # In the layout the config names, whichever layout the saved parameters have.

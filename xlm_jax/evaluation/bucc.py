@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from xlm_jax import cli_help
+from xlm_jax import model_dir as md
 from xlm_jax.evaluation import embedding, nearest
 from xlm_jax.evaluation.metrics.bucc_f1 import bucc_scores
 
@@ -215,9 +216,7 @@ def mine(x: Any, y: Any, k: int = DEFAULT_K, strategy: str = "max",
     two neighbourhood means and the candidates, so no [N, M] matrix is built."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k={k!r} must be an integer >= 1")
-    x_nn, y_nn = nearest.mutual_nearest(x, y, k, block)
+    x_nn, y_nn = nearest.mutual_nearest(x, y, k, block)  # checks k and block
     fwd_mean = x_nn.sims.astype(np.float64).mean(axis=1)  # each x's k nearest y
     bwd_mean = y_nn.sims.astype(np.float64).mean(axis=1)  # each y's k nearest x
     fwd_best, fwd_score = _best_of(x_nn, fwd_mean, bwd_mean)
@@ -316,15 +315,11 @@ def score(pairs: Mapping[Pair, float], gold: set[Pair] | None, threshold: float)
 
 def write_predictions(path: str, pairs: Mapping[Pair, float], threshold: float) -> int:
     """The pairs predicted at `threshold`, one `xx_id<TAB>en_id` line each by decreasing score
-    (the lines XTREME's `bucc_extract` writes; a gold file's format), written to a temporary
-    file and renamed, so a failed run leaves no partial file. Returns the number of lines."""
+    (the lines XTREME's `bucc_extract` writes; a gold file's format), written whole or not at
+    all (`model_dir.write_text`: local or gs://). Returns the number of lines."""
     lines = [f"{a}\t{b}\n" for (a, b), s in sorted(pairs.items(), key=lambda kv: -kv[1])
              if s >= threshold]
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(lines)
-    os.replace(tmp, path)
+    md.write_text(path, "".join(lines))
     return len(lines)
 
 
@@ -431,7 +426,7 @@ def evaluate(encoder: Any, bucc_dir: str, layer: int, languages: Sequence[str] |
             th = optimize_threshold(tuned, tune[lang].gold)
         per_language[lang] = score(pairs, data[lang].gold, th)
         if predictions_dir is not None:
-            path = os.path.abspath(os.path.join(predictions_dir, f"{split}-{lang}.tsv"))
+            path = os.fspath(md.resolve(predictions_dir) / f"{split}-{lang}.tsv")
             write_predictions(path, pairs, th)
             predictions[lang] = path
     return BuccResult(layer, split, tune_on or "given", k, strategy, per_language,
