@@ -129,3 +129,58 @@ def test_tuned_steps_run_with_the_sweeps_best_launch_or_say_why_not(tmp_path, mo
     assert "(gated bias)" in rows[4]["reason"]
     assert check._bench_args("mmlm_tuned", "tiny", best["none"])[-1] == (
         f"--gin.loop.model_config.attention_launch='{best['none']}'")
+
+
+_DEFAULT = "forward=64x64w4s3,dkv=64x64w4s3,dq=64x64w4s3"
+
+
+@pytest.mark.parametrize("combined, used, why", [
+    ({"default_ms": 2.0, "best_ms": 1.5}, True, None),  # faster together: tuned
+    ({"default_ms": 2.0, "best_ms": 2.0}, False, "took 2.0 ms against the default's 2.0 ms"),
+    ({"default_ms": 1.5, "best_ms": 2.1}, False, "took 2.1 ms against the default's 1.5 ms"),
+    ({"error": "ValueError: too much shared memory"}, False,
+     "failed together: ValueError: too much shared memory"),
+    ({"default_ms": 2.0, "best_ms": 1.9, "launch": _DEFAULT}, False,
+     f"the sweep's best launch is the default ({_DEFAULT})"),
+    (None, True, None),  # no combined row (the sweep's budget ended): the per-kernel best
+])
+def test_a_tuned_step_uses_the_sweeps_launches_only_when_they_were_faster_together(
+        combined, used, why):
+    best = "forward=128x64w8s3,dkv=64x64w4s3,dq=64x64w4s3"
+    launch = (combined or {}).get("launch", best)
+    rows = [] if combined is None else [
+        {"bias": "gated", "launch": launch, "default_launch": _DEFAULT, **combined},
+        {"bias": "none", "launch": "another", "default_ms": 1.0, "best_ms": 9.0}]  # not ours
+    launches, why_not = check.tuned_launches(
+        {"launch_text": {"gated": launch}, "combined": rows})
+    assert launches == ({"gated": launch} if used else {})
+    assert (why is None) == ("gated" not in why_not)
+    if why is not None:
+        assert why in why_not["gated"]
+
+
+def test_a_tuned_step_not_worth_its_time_is_skipped_with_the_sweeps_figures(tmp_path,
+                                                                            monkeypatch):
+    """The kernels step's best gated launches were slower together than the default (as the
+    tiny CPU sweep measured once: 2.14 against 1.51 ms): xlme_tuned is skipped, saying so,
+    and the window goes on to the next step."""
+    calls = []
+    kernels = {"launch_text": {"gated": "forward=32x16w4s3,dkv=32x16w4s3,dq=32x16w4s3"},
+               "combined": [{"bias": "gated", "launch": "forward=32x16w4s3,dkv=32x16w4s3,"
+                             "dq=32x16w4s3", "default_launch": _DEFAULT,
+                             "default_ms": 1.5136, "best_ms": 2.1377}]}
+
+    def fake_step(step: str, size: str, timeout: float, keep=None, launch="") -> check.Row:
+        calls.append((step, launch))
+        return check.Row(step, "ok", 1.0, result=kernels if step == "kernels" else {})
+
+    monkeypatch.setattr(check, "run_step", fake_step)
+    out = tmp_path / "check.json"
+    assert check.main(["--budget_s", "900", "--size", "tiny", "--only",
+                       "kernels,xlme_tuned,xlme", "--json", str(out)]) == 0
+    assert calls == [("kernels", ""), ("xlme", "")]
+    row = json.loads(out.read_text())["rows"][1]
+    assert (row["step"], row["status"]) == ("xlme_tuned", "skipped")
+    assert row["reason"] == ("no launch: the sweep's best launches together (forward=32x16w4s3,"
+                             "dkv=32x16w4s3,dq=32x16w4s3) took 2.1377 ms against the "
+                             "default's 1.5136 ms")

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from xlm_jax.accelerator import kernel_sweep
-from xlm_jax.models import fused_attention
+from xlm_jax.models import fused_attention, kernel_launch
 
 TINY = ["--shape", "2,64,2,16", "--dtype", "float32", "--iters", "1"]
 
@@ -34,6 +34,8 @@ def test_every_kernel_at_every_launch_checked_and_the_fastest_correct_one_chosen
         assert data["best"]["gated"][kernel] == min(mine, key=lambda r: r["ms"])["launch"]
     (combined,) = data["combined"]
     assert combined["bias"] == "gated" and combined["default_ms"] > 0 and combined["best_ms"] > 0
+    assert combined["launch"] == data["launch_text"]["gated"]
+    assert combined["default_launch"] == kernel_launch.text(fused_attention.GPU_LAUNCH)
     out = capsys.readouterr().out
     assert "interpreted on a CPU" in out and "best (gated): forward " in out
 

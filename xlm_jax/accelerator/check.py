@@ -20,7 +20,9 @@ out of memory costs only its own time), and stops before the budget runs out:
                say where the difference goes)
   mmlm_tuned, xlme_tuned   mmlm and xlme again with the kernel sweep's best launches (plain
                for mmlm, gated-bias for xlme: `--gin.loop.model_config.attention_launch`);
-               skipped when no `kernels` step before them found a best launch for each kernel
+               skipped when no `kernels` step before them found a best launch for each
+               kernel, or when those launches together were the default, failed, or were
+               not faster than the default (`tuned_launches`)
   mmlm_b64     the MMLM step at twice the batch
   transformers transformers' XLMRobertaForMaskedLM on the MMLM rows (PyTorch), the ratio
 
@@ -104,6 +106,33 @@ def chip_of(device_kind: str) -> str | None:
     return None
 
 
+def tuned_launches(kernels: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """From a `kernels` step's result: the launch text a tuned step uses, by bias variant,
+    and why a variant gets none. The sweep picks each kernel's best launch alone; its
+    `combined` row then times forward + backward with those launches against the default.
+    A variant whose best launches are the default, failed together, or were not faster
+    together is not tuned: its tuned step would measure the untuned step again, and a short
+    window is better spent elsewhere. A variant without a combined row (the sweep's budget
+    ended first) keeps the per-kernel best."""
+    launches = dict(kernels.get("launch_text") or {})
+    why_not: dict[str, str] = {}
+    for c in kernels.get("combined") or []:
+        bias, launch = c.get("bias"), c.get("launch")
+        if launches.get(bias) != launch:
+            continue
+        if launch == c.get("default_launch"):
+            why_not[bias] = f"the sweep's best launch is the default ({launch})"
+        elif "error" in c:
+            why_not[bias] = f"the sweep's best launches failed together: {c['error']}"
+        elif c.get("best_ms", 0.0) >= c.get("default_ms", 0.0):
+            why_not[bias] = (f"the sweep's best launches together ({launch}) took "
+                             f"{c['best_ms']} ms against the default's {c['default_ms']} ms")
+        else:
+            continue
+        del launches[bias]
+    return launches, why_not
+
+
 def _env_code() -> str:
     return ("import json, sys, jax, jaxlib, flax, optax\n"
             "d = jax.devices()\n"
@@ -112,7 +141,8 @@ def _env_code() -> str:
             "'optax': optax.__version__, 'platform': d[0].platform, "
             "'device_kind': d[0].device_kind, 'devices': len(d)}\n"
             "from importlib import metadata\n"
-            "for name in ('torch', 'transformers', 'gin-config', 'orbax-checkpoint'):\n"
+            "for name in ('torch', 'transformers', 'gin-config', 'orbax-checkpoint', "
+            "'tensorboard'):\n"
             " try:\n  out[name] = metadata.version(name)\n"
             " except metadata.PackageNotFoundError:\n  out[name] = None\n"
             "print('CHECK_JSON ' + json.dumps(out))\n")
@@ -336,6 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.makedirs(args.keep, exist_ok=True)
     rows: list[Row] = []
     tuned: dict[str, str] = {}  # the kernel sweep's best launch text by bias variant
+    not_tuned: dict[str, str] = {}  # why a bias variant has no tuned launch
     started = time.perf_counter()
 
     def save(complete: bool) -> None:
@@ -351,15 +382,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         need = estimates.get(step, estimates["default"])
         launch = tuned.get(TUNED.get(step, ""), "")
         if step in TUNED and not launch:
-            rows.append(Row(step, "skipped", reason=f"no launch: no kernels step before it "
-                            f"measured a best launch of each kernel ({TUNED[step]} bias)"))
+            rows.append(Row(step, "skipped", reason="no launch: " + not_tuned.get(
+                TUNED[step], f"no kernels step before it measured a best launch of each "
+                f"kernel ({TUNED[step]} bias)")))
         elif left < need:
             rows.append(Row(step, "skipped", reason=f"budget: {max(left, 0):.0f} s left, the "
                             f"step needs about {need} s"))
         else:
             row = run_step(step, args.size, left, args.keep, launch)
             if step == "kernels":
-                tuned.update(row.result.get("launch_text") or {})
+                launches, why_not = tuned_launches(row.result)
+                tuned.update(launches)
+                not_tuned.update(why_not)
             if step in TUNED:
                 row.result["attention_launch"] = launch
             rows.append(row)

@@ -276,14 +276,14 @@ class Sweep:
                 return _time_ms(lambda: grad(call.q, call.k, call.v, cot, call.kwargs),
                                 self.iters)
 
+            row = {"bias": problem.bias, "launch": kernel_launch.text(chosen),
+                   "default_launch": kernel_launch.text(call.inputs.st.launch)}
             try:
                 times = {"default": step_ms(call.inputs.st.launch), "best": step_ms(chosen)}
             except Exception as e:  # noqa: BLE001 - the rows stand; say why this did not
-                self.combined.append({"bias": problem.bias, "launch": kernel_launch.text(chosen),
-                                      "error": f"{type(e).__name__}: {e}".splitlines()[0]})
+                self.combined.append({**row, "error": f"{type(e).__name__}: {e}".splitlines()[0]})
                 continue
-            self.combined.append({"bias": problem.bias, "launch": kernel_launch.text(chosen),
-                                  "default_ms": round(times["default"], 4),
+            self.combined.append({**row, "default_ms": round(times["default"], 4),
                                   "best_ms": round(times["best"], 4)})
 
     def launch_text(self) -> dict[str, str]:
