@@ -64,17 +64,33 @@ class Static:
 # ----------------------------------------------------------------------------- tile helpers
 
 
-def _lookup(table_ref, bucket: jax.Array, base: jax.Array, num_buckets: int) -> jax.Array:
-    """``table[base + bucket]`` from the SMEM table: a select per bucket (no vector gather)."""
+def _bucket_span(bucket: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The smallest and one past the largest bucket in a tile: the only buckets its lookup
+    and its table gradient visit (as the GPU kernels' ``_bucket_span``). At T = 512 with the
+    default 128 x 128 tiles, 32 buckets and distance 128 (XLM-E's run files) a map's 16 tiles
+    visit 14.0 buckets on average instead of 32 (``docs/experiments/bucket_visits.py --block
+    128``: the 6 tiles 128 or more off the diagonal hold one saturated bucket, the 6 next to
+    it 15, the 4 on it 32). Exact: a bucket outside ``[lo, hi)`` matches no element of the
+    tile. Mosaic takes the two reductions as the loop's bounds (compiled for v5p with
+    libtpu's compile-only devices; not timed: no TPU here)."""
+    return jnp.min(bucket), jnp.max(bucket) + 1
+
+
+def _lookup(table_ref, bucket: jax.Array, base: jax.Array,
+            span: tuple[jax.Array, jax.Array]) -> jax.Array:
+    """``table[base + bucket]`` from the SMEM table: a select per bucket of the tile's
+    ``span`` (no vector gather)."""
 
     def body(n, d):
         return jnp.where(bucket == n, table_ref[base + n], d)
 
-    return jax.lax.fori_loop(0, num_buckets, body, jnp.zeros(bucket.shape, _F32))
+    return jax.lax.fori_loop(span[0], span[1], body, jnp.zeros(bucket.shape, _F32))
 
 
-def _bucket_sums(acc: jax.Array, bucket: jax.Array, g: jax.Array, num_buckets: int) -> jax.Array:
-    """``acc[0, n] += Σ g[bucket == n]`` for every bucket n (acc ``[1, NBp]``)."""
+def _bucket_sums(acc: jax.Array, bucket: jax.Array, g: jax.Array,
+                 span: tuple[jax.Array, jax.Array]) -> jax.Array:
+    """``acc[0, n] += Σ g[bucket == n]`` for every bucket n of the tile's ``span`` (acc
+    ``[1, NBp]``; the others get nothing from this tile)."""
     lanes = jax.lax.broadcasted_iota(jnp.int32, acc.shape, 1)
 
     def body(n, acc):
@@ -82,7 +98,7 @@ def _bucket_sums(acc: jax.Array, bucket: jax.Array, g: jax.Array, num_buckets: i
         total = jnp.sum(jnp.sum(picked, axis=0, keepdims=True), axis=1, keepdims=True)
         return acc + jnp.where(lanes == n, total, 0.0)
 
-    return jax.lax.fori_loop(0, num_buckets, body, acc)
+    return jax.lax.fori_loop(span[0], span[1], body, acc)
 
 
 def _indices(q_block, k_block, shape):
@@ -117,17 +133,18 @@ def _tile(st: Static, q, k, ok, rel, head):
     """Scaled, biased, masked float32 logits of one tile ``[bq, bk]``.
 
     ``ok`` is the tile's visibility; ``rel`` None or ``(table_ref, pos_q [bq, 1], pos_k
-    [1, bk], factor [bq, 1])``. Returns ``(s, d, bucket)`` with the raw bias ``d`` and
-    buckets (None without a relative bias).
+    [1, bk], factor [bq, 1])``. Returns ``(s, d, bucket, span)`` with the raw bias ``d``, the
+    buckets and their ``_bucket_span`` (all None without a relative bias).
     """
     s = jax.lax.dot_general(q, k, _NT, preferred_element_type=_F32) * st.scale
-    d = bucket = None
+    d = bucket = span = None
     if rel is not None:
         table_ref, pos_q, pos_k, factor = rel
         bucket = relative_position_bucket(pos_k - pos_q, st.num_buckets, st.max_distance)
-        d = _lookup(table_ref, bucket, head * st.num_buckets, st.num_buckets)
+        span = _bucket_span(bucket)
+        d = _lookup(table_ref, bucket, head * st.num_buckets, span)
         s = s + d * factor
-    return jnp.where(ok, s, MASK_VALUE), d, bucket
+    return jnp.where(ok, s, MASK_VALUE), d, bucket, span
 
 
 def _keep(st: Static, drop, q_block, k_block, shape):
@@ -176,7 +193,7 @@ def forward_kernel(*refs, st: Static):
 
     q, k = q_ref[...], k_ref[...]
     ok = visible(st, mask, i, j, (q.shape[0], k.shape[0]))
-    s, _, _ = _tile(st, q, k, ok, _rel_tile(rel), h)
+    s, _, _, _ = _tile(st, q, k, ok, _rel_tile(rel), h)
     m_prev = m_sc[...]
     m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
     alpha = jnp.exp(m_prev - m_new)
@@ -225,7 +242,7 @@ def dkv_kernel(*refs, st: Static):
 
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
     ok = visible(st, mask, i, j, (q.shape[0], k.shape[0]))
-    s, _, _ = _tile(st, q, k, ok, _rel_tile(rel), h)
+    s, _, _, _ = _tile(st, q, k, ok, _rel_tile(rel), h)
     p_v, ds = _probs_and_ds(st, s, lse_ref[...], do, v, delta_ref[...], drop, i, j)
     dv_sc[...] += jnp.dot(p_v.T.astype(do.dtype), do, preferred_element_type=_F32)
     dk_sc[...] += jnp.dot(ds.T.astype(q.dtype), q, preferred_element_type=_F32)
@@ -251,13 +268,13 @@ def dq_kernel(*refs, st: Static):
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
     tile_rel = _rel_tile(rel)
     ok = visible(st, mask, i, j, (q.shape[0], k.shape[0]))
-    s, d, bucket = _tile(st, q, k, ok, tile_rel, h)
+    s, d, bucket, span = _tile(st, q, k, ok, tile_rel, h)
     _, ds = _probs_and_ds(st, s, lse_ref[...], do, v, delta_ref[...], drop, i, j)
     scratch[0][...] += jnp.dot(ds.astype(k.dtype), k, preferred_element_type=_F32)
     if tile_rel is not None:
         df_sc, dt_sc = scratch[1:]
         df_sc[...] += jnp.sum(ds * d, axis=1, keepdims=True)
-        dt_sc[...] = _bucket_sums(dt_sc[...], bucket, ds * tile_rel[3], st.num_buckets)
+        dt_sc[...] = _bucket_sums(dt_sc[...], bucket, ds * tile_rel[3], span)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():

@@ -190,3 +190,34 @@ def test_pod_memory_with_a_target_is_a_view_of_the_compiled_report(tmp_path, cap
     assert "on v5e:2x2 (4 x TPU v5 lite)" in text and "compiles and fits" in text
     r = __import__("json").loads(out.read_text())
     assert r["memory_per_device_bytes"]["argument"] == r["argument_bytes_from_shapes"]
+
+
+def test_the_gated_bias_kernels_compile_for_tpu_with_each_tiles_bucket_span():
+    """XLM-E's gated-bias TPU kernels loop over a tile's own buckets only, from two vector
+    reductions used as the loop's bounds (`fused_attention_tpu_kernels._bucket_span`): XLA:TPU
+    compiles them (Mosaic's passes run in a compile-only compile) at the run files' T = 512
+    with 128 x 128 tiles, forward and backward, with dropout. Their values are checked
+    interpreted on the CPU (tests/models/fused_attention_tpu_test.py)."""
+    import jax
+    import jax.numpy as jnp
+
+    from xlm_jax.models import position
+    from xlm_jax.models.fused_attention_tpu import flash_attention_tpu
+
+    device = targets.devices(TPU)[0]
+    b, t, h, dh, buckets = 1, 512, 2, 64, 32
+    on = jax.sharding.SingleDeviceSharding(device)
+    s = lambda *shape, dt=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dt, sharding=on)
+
+    def loss(q, k, v, table, factor, pos):
+        relative = position.RelativeBias(table, pos, pos, factor, buckets, 128)
+        out = flash_attention_tpu(q, k, v, relative=relative, dropout_rate=0.1,
+                                  dropout_rng=jax.random.PRNGKey(0))
+        return jnp.sum(out.astype(jnp.float32))
+
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4)))
+    compiled = grad.trace(s(b, t, h, dh), s(b, t, h, dh), s(b, t, h, dh),
+                          s(buckets, h, dt=jnp.float32), s(b, h, t, dt=jnp.float32),
+                          s(b, t, dt=jnp.int32)).lower(lowering_platforms=("tpu",)).compile()
+    text = compiled.as_text()
+    assert text.count("tpu_custom_call") == 3, text[:2000]  # forward, dk/dv, dq
