@@ -71,7 +71,7 @@ def _bucket_span(bucket: jax.Array) -> tuple[jax.Array, jax.Array]:
     visit 14.0 buckets on average instead of 32 (``docs/experiments/bucket_visits.py --block
     128``: the 6 tiles 128 or more off the diagonal hold one saturated bucket, the 6 next to
     it 15, the 4 on it 32). Exact: a bucket outside ``[lo, hi)`` matches no element of the
-    tile. Mosaic takes the two reductions as the loop's bounds (compiled for v5p with
+    tile. Mosaic takes the two reductions as the loop's bounds (compiled for v5e and v5p with
     libtpu's compile-only devices; not timed: no TPU here)."""
     return jnp.min(bucket), jnp.max(bucket) + 1
 
