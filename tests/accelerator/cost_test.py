@@ -272,3 +272,47 @@ def test_cli_a_run_file_that_does_not_build_is_one_line():
                "--gin.loop.model_config.overrides={'num_heads': 5}")
     assert bad.returncode in (1, 2) and bad.stderr.strip().count("\n") == 0, bad.stderr
     assert "xlmr_base_mmlm.gin" in bad.stderr
+
+
+TPU_COPIES = """HloModule jit_train_step, entry_computation_layout={(bf16[8,512,3072]{2,1,0})->bf16[8,512,3072]{2,1,0}}
+
+ENTRY %main (w: bf16[8,512,3072]) -> bf16[8,512,3072] {
+  %w = bf16[8,512,3072]{2,1,0:T(8,128)(2,1)} parameter(0)
+  %copy-start = (bf16[8,512,3072]{2,1,0:T(8,128)(2,1)}, bf16[8,512,3072]{2,1,0:T(8,128)(2,1)S(1)}, u32[]{:S(2)}) copy-start(%w)
+  %copy = bf16[8,512,3072]{2,1,0:T(8,128)(2,1)} copy(%w)
+  %same = (bf16[8,512,3072]{2,1,0}, bf16[8,512,3072]{2,1,0}, u32[]) copy-start(%copy)
+  %copy-done = bf16[8,512,3072]{2,1,0:T(8,128)(2,1)S(1)} copy-done(%copy-start)
+  ROOT %copy-done.1 = bf16[8,512,3072]{2,1,0} copy-done(%same)
+}
+"""
+
+
+def test_async_copies_between_memory_spaces_overlap_and_are_not_in_the_step():
+    """XLA:TPU's memory-space assignment prefetches buffers into VMEM (`S(1)`) with
+    copy-start/copy-done pairs that overlap compute: they are listed, with the time they would
+    take alone, but not summed into the step. Their bytes are the source read and the
+    destination written, not the (source, destination, context) tuple. A copy within one
+    memory space still counts."""
+    assert hlo.memory_spaces("(bf16[8,128]{1,0:T(8,128)(2,1)}, bf16[8,128]{1,0:T(8,128)(2,1)"
+                             "S(1)}, u32[]{:S(2)})") == [0, 1, 2]
+    report = model.analyze(TPU_COPIES, CHIP)
+    ops = {o.name: o for o in report.ops}
+    size = 8 * 512 * 3072 * 2
+    prefetch = ops["copy-start"]
+    assert prefetch.overlapped and prefetch.kind == "copy/transpose"
+    assert (prefetch.bytes_read, prefetch.bytes_written) == (size, size)
+    assert prefetch.time_s == pytest.approx(2 * size / CHIP.hbm_bytes_per_s)  # if alone
+    assert not ops["copy"].overlapped and not ops["same"].overlapped  # one memory space
+    assert report.overlapped == [prefetch]
+    assert report.predicted_s == pytest.approx(ops["copy"].time_s + ops["same"].time_s)
+    assert sum(report.by_kind().values()) == pytest.approx(report.predicted_s)
+
+    from xlm_jax.accelerator.cost.__main__ import format_report, report_data
+    from xlm_jax.accelerator.compile import targets
+
+    data = report_data(TPU_COPIES, targets.parse_target("v5p:2x2x1"), None, None, "dump", {})
+    assert data["overlapped_copies"]["ops"] == 1
+    assert data["overlapped_copies"]["bytes"] == 2 * size
+    text = format_report(data, 3)
+    assert "not in the step: 1 asynchronous copies between memory spaces" in text
+    assert "| copy/transpose | copy-start |" not in text  # not among the step's top ops

@@ -57,6 +57,28 @@ def shape_arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
             for dt, dims in _ARRAY.findall(shape)]
 
 
+_LAID_OUT = re.compile(r"\b[a-z]+[0-9]*(?:e[0-9]m[0-9][a-z]*)?\[[0-9,]*\](\{[^}]*\})?")
+_MEMORY_SPACE = re.compile(r"S\((\d+)\)")
+
+
+def memory_spaces(shape: str) -> list[int]:
+    """The memory space of each array of a shape text, from its layout (0, the default: HBM;
+    XLA:TPU writes `S(1)` for VMEM and `S(2)` for SMEM)."""
+    return [int(m.group(1)) if (m := _MEMORY_SPACE.search(layout)) else 0
+            for layout in _LAID_OUT.findall(shape)]
+
+
+def is_memory_space_copy(ins: "Instruction") -> bool:
+    """A `copy-start` between memory spaces: XLA:TPU's memory-space assignment prefetching a
+    buffer from HBM into VMEM or evicting one, an asynchronous DMA scheduled to overlap the
+    compute between its start and its `copy-done`. Its result is (source, destination,
+    context)."""
+    if ins.op != "copy-start":
+        return False
+    spaces = memory_spaces(ins.shape)
+    return len(spaces) >= 2 and spaces[0] != spaces[1]
+
+
 def shape_bytes(shape: str) -> int:
     return sum(ITEMSIZE.get(dt, 4) * math.prod(dims) for dt, dims in shape_arrays(shape))
 
@@ -304,6 +326,8 @@ def _written_bytes(ins: Instruction) -> int:
     arrays = shape_arrays(ins.shape)
     if ins.op == "custom-call":
         arrays = [a for a in arrays if a[0] != "s8"] or arrays
+    if ins.op == "copy-start":  # (source, destination, context): the destination is written
+        arrays = arrays[1:2]
     return sum(ITEMSIZE.get(dt, 4) * math.prod(d) for dt, d in arrays)
 
 
