@@ -57,7 +57,7 @@ def shape_arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
             for dt, dims in _ARRAY.findall(shape)]
 
 
-_LAID_OUT = re.compile(r"\b[a-z]+[0-9]*(?:e[0-9]m[0-9][a-z]*)?\[[0-9,]*\](\{[^}]*\})?")
+_LAID_OUT = re.compile(_ARRAY.pattern + r"(\{[^}]*\})?")  # an array and its layout, if any
 _MEMORY_SPACE = re.compile(r"S\((\d+)\)")
 
 
@@ -65,10 +65,10 @@ def memory_spaces(shape: str) -> list[int]:
     """The memory space of each array of a shape text, from its layout (0, the default: HBM;
     XLA:TPU writes `S(1)` for VMEM and `S(2)` for SMEM)."""
     return [int(m.group(1)) if (m := _MEMORY_SPACE.search(layout)) else 0
-            for layout in _LAID_OUT.findall(shape)]
+            for _, _, layout in _LAID_OUT.findall(shape)]
 
 
-def is_memory_space_copy(ins: "Instruction") -> bool:
+def is_memory_space_copy(ins: Instruction) -> bool:
     """A `copy-start` between memory spaces: XLA:TPU's memory-space assignment prefetching a
     buffer from HBM into VMEM or evicting one, an asynchronous DMA scheduled to overlap the
     compute between its start and its `copy-done`. Its result is (source, destination,
