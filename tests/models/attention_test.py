@@ -352,6 +352,50 @@ def test_auto_choice_per_platform(platform, relative, rate, dtype, expected, mon
     assert got == expected
 
 
+def test_lowering_for_a_gpu_assumes_its_architecture_only_where_none_is_found(monkeypatch):
+    """jax >= 0.11 asks `jax._src.pallas.triton.gpu_info.get_gpu_info()` for the target GPU
+    while lowering a Triton kernel and raises without one; `lowering_for('cuda')` answers
+    with the H100's architecture (what jax 0.10 assumes), only inside the block and only when
+    the query finds no GPU. That module is not in the pinned jax 0.10, so a stand-in with
+    jax 0.11's names plays it here; the CUDA lowerings of the step (`lower_test`,
+    `kernel_launch_test`) are the real check on jax 0.11."""
+    import sys
+    import types
+
+    from xlm_jax.models import attention_backends
+
+    class GpuVersion(str, __import__("enum").Enum):
+        H100 = "NVIDIA H100"
+
+    found = {"gpu": None}
+
+    def get_gpu_info():
+        if found["gpu"] is None:
+            raise ValueError("Unsupported GPU device kind: cpu")
+        return found["gpu"]
+
+    module = types.ModuleType("jax._src.pallas.triton.gpu_info")
+    module.GpuVersion = GpuVersion
+    module.get_gpu_info = get_gpu_info
+    module.get_gpu_info_from_version = lambda version: ("info of", version.value)
+    monkeypatch.setitem(sys.modules, "jax._src.pallas.triton.gpu_info", module)
+    import jax._src.pallas.triton as triton_package
+
+    monkeypatch.setattr(triton_package, "gpu_info", module, raising=False)  # jax 0.11 has one
+
+    with pytest.raises(ValueError, match="Unsupported GPU"):
+        module.get_gpu_info()
+    with attention.lowering_for("cuda"):
+        assert module.get_gpu_info() == ("info of", "NVIDIA H100")
+        found["gpu"] = "the card in this machine"
+        assert module.get_gpu_info() == "the card in this machine"  # a real GPU wins
+        found["gpu"] = None
+    assert module.get_gpu_info is get_gpu_info  # put back
+    with attention.lowering_for("tpu"), pytest.raises(ValueError, match="Unsupported GPU"):
+        module.get_gpu_info()  # only a GPU lowering assumes a GPU
+    assert attention_backends.ASSUMED_GPU == GpuVersion.H100.value
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN path needs a GPU")
 @pytest.mark.parametrize("family", ["padding", "packing", "none"])
 def test_cudnn_matches_xla_on_gpu(family):

@@ -17,6 +17,7 @@ from xlm_jax.models import common
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import MlpBlock
 from xlm_jax.objectives.mlm import masked_lm_sums, weighted_nll_sum
+from tests.testlib.versions import jaxlib_before
 
 
 def _saved(fn, *args) -> list[str]:
@@ -89,7 +90,11 @@ def test_compiled_bias_gelu_stores_two_fewer_activations():
 
     plain = temp_activations(lambda y, b: common.gelu(y + b))
     fused = temp_activations(common.bias_gelu)
-    assert fused <= plain - 1.9, (plain, fused)  # jax 0.10.2 on the CPU: 4.04 and 2.06
+    assert fused <= 2.1, (plain, fused)  # the input and the gradient: 2.06 on jax 0.10 and 0.11
+    # What the unfused form keeps is the CPU compiler's: 4.04 on jax 0.10.2, 3.02 on 0.11.2,
+    # whose XLA already recomputes one of them (the GPU step's compiler kept 3 more, above).
+    fewer = 1.9 if jaxlib_before(0, 11) else 0.9
+    assert fused <= plain - fewer, (plain, fused)
 
 
 def test_mlp_block_has_nn_dense_parameters_values_and_gradients():

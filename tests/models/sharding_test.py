@@ -11,6 +11,7 @@ import pytest
 from xlm_jax.models.config import get_config
 from xlm_jax.models.transformer import Embeddings, Transformer
 from xlm_jax.train import partitioning
+from tests.testlib.versions import jaxlib_before
 
 FULL = dict(vocab_size=96, num_layers=2, hidden_size=32, num_heads=4, mlp_dim=64,
             max_positions=40, dropout_rate=0.0, attention_dropout_rate=0.0)
@@ -120,6 +121,9 @@ def test_fsdp_embedding_gradient_does_not_replicate_activations(monkeypatch, loo
     [B, T, D] activation gradient onto every device. `Embeddings._lookup` gathers the [V, D]
     table instead, as FSDP does for every weight. "plain" shows that the check can fail."""
     if lookup == "plain":
+        if not jaxlib_before(0, 11):
+            pytest.skip("jax 0.11's partitioner no longer gathers the plain lookup's activation "
+                        "gradient, so this control cannot fail there (it does on jax 0.10)")
         monkeypatch.setattr(Embeddings, "_lookup", lambda self, table, rows, ids: table(ids))
     cfg = get_config("tiny", **{**FULL, "num_layers": 1})
     model = Transformer(cfg)

@@ -17,23 +17,12 @@ is either within one configuration (a resumed run against an uninterrupted one, 
 against 1) or against a numpy or `transformers` reference with a tolerance. Users' runs keep
 XLA's defaults.
 """
-from importlib import metadata
-
-
-def _jaxlib_before(major: int, minor: int) -> bool:
-    """Whether the installed jaxlib is older than `major.minor` (True when it cannot be read:
-    the pinned environment's flags)."""
-    try:
-        parts = metadata.version("jaxlib").split(".")[:2]
-        return (int(parts[0]), int(parts[1])) < (major, minor)
-    except (metadata.PackageNotFoundError, ValueError, IndexError):
-        return True
-
+from tests.testlib.versions import jaxlib_before
 
 # jaxlib 0.11 has no `--xla_cpu_use_fusion_emitters` (its MLIR emitters are the only ones) and
 # aborts every process that names an unknown flag: the flag is for the pinned jaxlib 0.10 only.
 FAST_COMPILE = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-                + (" --xla_cpu_use_fusion_emitters=false" if _jaxlib_before(0, 11) else ""))
+                + (" --xla_cpu_use_fusion_emitters=false" if jaxlib_before(0, 11) else ""))
 
 
 def xla_flags(devices: int) -> str:

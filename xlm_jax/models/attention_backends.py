@@ -73,15 +73,53 @@ def target_platform() -> str:
 @contextlib.contextmanager
 def lowering_for(platform: str) -> Iterator[None]:
     """Choose kernels for `platform` ("cpu", "cuda"/"gpu", "tpu") while tracing, whatever
-    device this process has (pair it with ``.lower(lowering_platforms=(platform,))``)."""
+    device this process has (pair it with ``.lower(lowering_platforms=(platform,))``; for a
+    GPU without one here, the Triton kernels are lowered for `ASSUMED_GPU`)."""
     name = _PLATFORM_ALIASES.get(platform, platform)
     if name not in _PLATFORMS:
         raise ValueError(f"unknown platform {platform!r}; valid: cpu, cuda, gpu, rocm, tpu")
     token = _TARGET.set(name)
     try:
-        yield
+        with assume_gpu() if name == "gpu" else contextlib.nullcontext():
+            yield
     finally:
         _TARGET.reset(token)
+
+
+# The GPU whose architecture the Triton kernels are lowered for when this process has none:
+# compute capability 9.0 (H100), what jax 0.10 itself assumes there ("the minimum CC supported
+# by Triton" in its Pallas lowering) and the targets' architecture (`accelerator/compile/
+# gpu_specs`: H100, H200). Our choice for jax >= 0.11, which asks for an abstract device instead.
+ASSUMED_GPU = "NVIDIA H100"
+
+
+@contextlib.contextmanager
+def assume_gpu() -> Iterator[None]:
+    """Lets jax >= 0.11 lower a Pallas Triton kernel on a machine without a GPU, as jax 0.10
+    does. jax 0.11 reads the target GPU's architecture from the abstract mesh's device and
+    otherwise raises "No supported GPU devices found"; a sharded step cannot take such a mesh
+    (its inputs' shardings are on this machine's CPU mesh: "Mesh for all inputs should be
+    equal"). So, while the block runs, an architecture query that finds no GPU is answered
+    with `ASSUMED_GPU`'s; one that finds a GPU (or a compile-only one) is unchanged. A no-op on
+    jax 0.10, which has no such query. Lowering only: nothing runs on the assumed GPU."""
+    try:
+        from jax._src.pallas.triton import gpu_info
+    except ImportError:  # jax 0.10: falls back to compute capability 9.0 itself
+        yield
+        return
+    original = gpu_info.get_gpu_info
+
+    def get_gpu_info() -> Any:
+        try:
+            return original()
+        except ValueError:  # no GPU here: the architecture we lower for
+            return gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion(ASSUMED_GPU))
+
+    gpu_info.get_gpu_info = get_gpu_info
+    try:
+        yield
+    finally:
+        gpu_info.get_gpu_info = original
 
 
 @contextlib.contextmanager
