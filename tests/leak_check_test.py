@@ -157,6 +157,16 @@ def test_the_working_directory_and_sys_path_are_compared(tmp_path):
     assert len(leaks) == 1 and leaks[0].startswith("process: sys.path: ("), leaks
 
 
+def test_objects_left_frozen_out_of_the_collector_are_compared():
+    """The step loop freezes its heap (`xlm_jax.train.host_gc`); a loop that does not unfreeze
+    it when it leaves (CPython 3.12's count of its own immortal objects once made it so) would
+    leave every later test's objects uncollected."""
+    import gc
+
+    assert _leaks_of(gc.freeze, gc.unfreeze) == [
+        f"process: {process_state.FROZEN}: False -> True"]
+
+
 def test_a_logger_handler_and_level_are_compared():
     logger, handler = logging.getLogger("xlm_jax.leak_check_test"), logging.NullHandler()
 
