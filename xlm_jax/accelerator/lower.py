@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import json
 import math
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from xlm_jax import cli_help
@@ -41,39 +40,6 @@ FUSED_TARGETS = {"triton": "__gpu$xla.gpu.triton", "cudnn": "__cudnn$fmha",
                  "mosaic_tpu": "tpu_custom_call", "mosaic_gpu": "mosaic_gpu"}
 _CALL = re.compile(r"custom_call @([\w$.\-]+)\(")
 _TENSOR = re.compile(r"tensor<([^>]*)>")
-
-
-# cuDNN version assumed when lowering cuDNN attention without a GPU (jax asks the installed
-# cuDNN for its version while tracing): 9.10, our choice, a release current jax wheels ship
-# with; the summary states it.
-ASSUMED_CUDNN_VERSION = 91000
-
-
-@contextlib.contextmanager
-def assume_cudnn(platform: str) -> Iterator[None]:
-    """On a machine without cuDNN, let jax trace cuDNN attention for a CUDA lowering by
-    answering its version query with ASSUMED_CUDNN_VERSION (lowering only: nothing runs).
-    The query fails without a CUDA jaxlib (no `cuda_versions`) and, with the CUDA plugin
-    but no cuDNN library (compile-only GPUs: `xlm_jax.accelerator.compile`), with "cuDNN not
-    found"."""
-    from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
-
-    original = cudnn_fa.check_cudnn_version
-    if platform != "cuda":
-        yield
-        return
-
-    def version() -> int:
-        try:
-            return original()
-        except RuntimeError:  # no cuDNN here: the version we lower for
-            return ASSUMED_CUDNN_VERSION
-
-    cudnn_fa.check_cudnn_version = version
-    try:
-        yield
-    finally:
-        cudnn_fa.check_cudnn_version = original
 
 
 class LowerError(ValueError):
@@ -175,7 +141,7 @@ def lower(gin_files: Sequence[str], bindings: Sequence[str], platform: str,
     shapes = mixture.resolve(kw["objectives"], batch_size or kw["batch_size"],
                              seq_len or kw["seq_len"])
     check_mesh(mesh, {n: s.batch_size for n, s in shapes.items()}, model.num_heads)
-    with attention_backends.lowering_for(platform), assume_cudnn(platform):
+    with attention_backends.lowering_for(platform):  # and a GPU's assumed answers
         built = pod_memory.build(mesh, batch_size, seq_len)
         with partitioning.activate(built.mesh, built.rules):
             lowered = built.step_fn.trace(*built.args).lower(lowering_platforms=(platform,))
@@ -193,7 +159,7 @@ def lower(gin_files: Sequence[str], bindings: Sequence[str], platform: str,
         "auto_choices": attention_backends.logged(),
     }
     if "cudnn" in model.attention_backend or "auto" in model.attention_backend:
-        summary["assumed_cudnn_version"] = ASSUMED_CUDNN_VERSION
+        summary["assumed_cudnn_version"] = attention_backends.ASSUMED_CUDNN_VERSION
     squares = summary["square_tensors"]
     summary["square_tensor_count"] = {
         "float": sum(n for ty, n in squares.items() if ty.split("x")[-1][0] in "fb"),

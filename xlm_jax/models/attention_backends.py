@@ -74,13 +74,17 @@ def target_platform() -> str:
 def lowering_for(platform: str) -> Iterator[None]:
     """Choose kernels for `platform` ("cpu", "cuda"/"gpu", "tpu") while tracing, whatever
     device this process has (pair it with ``.lower(lowering_platforms=(platform,))``; for a
-    GPU without one here, the Triton kernels are lowered for `ASSUMED_GPU`)."""
+    GPU without one here, the Triton kernels are lowered for `ASSUMED_GPU` and cuDNN's
+    attention for `ASSUMED_CUDNN_VERSION`)."""
     name = _PLATFORM_ALIASES.get(platform, platform)
     if name not in _PLATFORMS:
         raise ValueError(f"unknown platform {platform!r}; valid: cpu, cuda, gpu, rocm, tpu")
     token = _TARGET.set(name)
     try:
-        with assume_gpu() if name == "gpu" else contextlib.nullcontext():
+        with contextlib.ExitStack() as assumed:
+            if name == "gpu":  # what a GPU here would answer, where there is none
+                assumed.enter_context(assume_gpu())
+                assumed.enter_context(assume_cudnn())
             yield
     finally:
         _TARGET.reset(token)
@@ -120,6 +124,36 @@ def assume_gpu() -> Iterator[None]:
         yield
     finally:
         gpu_info.get_gpu_info = original
+
+
+# cuDNN version assumed when lowering cuDNN attention without a GPU (jax asks the installed
+# cuDNN for its version while tracing): 9.10, our choice, a release current jax wheels ship
+# with; `accelerator.lower` and `accelerator.compile` state it in their summaries.
+ASSUMED_CUDNN_VERSION = 91000
+
+
+@contextlib.contextmanager
+def assume_cudnn() -> Iterator[None]:
+    """On a machine without cuDNN, lets jax trace cuDNN attention for a CUDA lowering by
+    answering its version query with ASSUMED_CUDNN_VERSION (lowering only: nothing runs).
+    The query fails without a CUDA jaxlib (no `cuda_versions`) and, with the CUDA plugin
+    but no cuDNN library (compile-only GPUs: `xlm_jax.accelerator.compile`), with "cuDNN not
+    found"."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
+
+    original = cudnn_fa.check_cudnn_version
+
+    def version() -> int:
+        try:
+            return original()
+        except RuntimeError:  # no cuDNN here: the version we lower for
+            return ASSUMED_CUDNN_VERSION
+
+    cudnn_fa.check_cudnn_version = version
+    try:
+        yield
+    finally:
+        cudnn_fa.check_cudnn_version = original
 
 
 @contextlib.contextmanager

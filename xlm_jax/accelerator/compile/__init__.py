@@ -84,7 +84,7 @@ def compile_run(gin_files: Sequence[str], bindings: Sequence[str], target: targe
     lower_lib.check_mesh(mesh, dict(zip(shapes, rows)), model.num_heads)
     memory = targets_lib.device_memory(target, devs)
     platform = target.platform
-    with attention_backends.lowering_for(platform), lower_lib.assume_cudnn(platform):
+    with attention_backends.lowering_for(platform):  # and a GPU's assumed answers
         built = pod_memory.build(mesh, batch_size, seq_len, devs)
         t0 = time.perf_counter()
         with partitioning.activate(built.mesh, built.rules):
@@ -109,7 +109,7 @@ def compile_run(gin_files: Sequence[str], bindings: Sequence[str], target: targe
         "tokens_per_step": built.tokens,
     }
     if platform == "cuda":  # cuDNN attention was traced for this version (none is installed)
-        out["assumed_cudnn_version"] = lower_lib.ASSUMED_CUDNN_VERSION
+        out["assumed_cudnn_version"] = attention_backends.ASSUMED_CUDNN_VERSION
     knobs = report_lib.Knobs(model.remat, out["mesh"], len(devs), kw["accum_steps"],
                              max(rows) // batch_ways)
     out["first_knob"] = report_lib.first_knob(knobs)
