@@ -54,8 +54,8 @@ from jax.experimental import pallas as pl
 
 from xlm_jax.models import attention_dropout
 from xlm_jax.models.fused_attention_kernels import (  # noqa: F401 - re-exported
-    KERNELS, MASK_VALUE, NUM_STAGES, NUM_WARPS, KernelLaunch, Launch, _dkv_kernel, _dq_kernel,
-    _forward_kernel, _Static)
+    KERNELS, MASK_VALUE, NUM_STAGES, NUM_WARPS, TRITON_MISSING, KernelLaunch, Launch, _dkv_kernel,
+    _dq_kernel, _forward_kernel, _Static)
 from xlm_jax.models.position import RelativeBias
 from xlm_jax.models.token_mask import TokenMask
 
@@ -83,7 +83,8 @@ def pallas_unavailable_reason(
 ) -> str | None:
     """Why the Pallas kernel cannot take these inputs, or None when it can.
 
-    It runs on GPU (Triton) and, interpreted, on CPU; takes float32/bf16/fp16 q/k/v of one
+    It runs on GPU (Triton; not with a jax that has dropped Pallas' Triton backend:
+    ``TRITON_MISSING``) and, interpreted, on CPU; takes float32/bf16/fp16 q/k/v of one
     dtype with equal query and value head dims, and no additive bias (the relative bias goes
     in described, as a ``RelativeBias``). Attention dropout runs in the kernel
     (``dropout_rate`` is accepted for the signature's sake).
@@ -92,6 +93,8 @@ def pallas_unavailable_reason(
     platform = jax.default_backend() if platform is None else platform
     if platform not in ("cpu", "gpu", "cuda", "rocm"):
         return f"platform is {platform}, this pallas kernel targets GPU (and CPU interpreted)"
+    if platform != "cpu" and TRITON_MISSING:
+        return TRITON_MISSING
     return _common_unavailable_reason(q, k, v, bias, _DTYPES, "pallas kernel",
                                       "computes in float32")
 

@@ -9,11 +9,16 @@ and the custom VJP. See ``fused_attention``'s docstring for the semantics.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pl_triton
+
+try:
+    from jax.experimental.pallas import triton as pl_triton
+except ImportError:  # pragma: no cover - a jax that has dropped it (see TRITON_MISSING)
+    pl_triton = None
 
 from xlm_jax.models import attention_dropout
 from xlm_jax.models.kernel_launch import (  # noqa: F401 - re-exported
@@ -26,6 +31,15 @@ from xlm_jax.models.token_mask import TokenMask
 # inf - inf = NaN.
 MASK_VALUE: float = -1e30
 _F32 = jnp.float32
+
+# jax 0.11 deprecates Pallas' Triton backend ("will be removed in a future JAX version"), which
+# these kernels lower through on GPU. A jax without it must still import the models and run
+# them: the kernels then run interpreted only (CPU tests), and on a GPU the attention backend
+# check gives this reason, so `auto` takes cuDNN or XLA and an explicit `pallas` is refused
+# in one line (`attention_backends.select`). None: the backend is there.
+TRITON_MISSING: str | None = None if pl_triton is not None else (
+    f"jax {jax.__version__} has no Pallas Triton backend (jax.experimental.pallas.triton), "
+    "which the GPU kernels lower through")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +79,16 @@ class _Static:
     def dropout(self) -> bool:
         return self.keep_threshold > 0
 
-    def compiler_params(self) -> pl_triton.CompilerParams | None:
-        """Triton, named explicitly: jax sends a pallas_call without compiler params to Mosaic
-        GPU by default (`jax_pallas_use_mosaic_gpu`), which this kernel is not written for."""
+    def compiler_params(self) -> Any:
+        """Triton's (`pl_triton.CompilerParams`), named explicitly: jax sends a pallas_call
+        without compiler params to Mosaic GPU by default (`jax_pallas_use_mosaic_gpu`), which
+        this kernel is not written for; None when interpreted."""
+        if self.interpret:
+            return None
+        if TRITON_MISSING:  # `pallas_unavailable_reason` refuses this before any lowering
+            raise RuntimeError(TRITON_MISSING)
         run = self.launch.of(self.kernel)
-        return None if self.interpret else pl_triton.CompilerParams(
-            num_warps=run.num_warps, num_stages=run.num_stages)
+        return pl_triton.CompilerParams(num_warps=run.num_warps, num_stages=run.num_stages)
 
 
 # ----------------------------------------------------------------------------- tile helpers
