@@ -17,7 +17,7 @@ from jax.experimental import pallas as pl
 
 try:
     from jax.experimental.pallas import triton as pl_triton
-except ImportError:  # pragma: no cover - a jax that has dropped it (see TRITON_MISSING)
+except ImportError:  # a jax that has dropped it (see TRITON_MISSING)
     pl_triton = None
 
 from xlm_jax.models import attention_dropout
