@@ -101,3 +101,30 @@ def test_cudnn_lengths_only_for_one_segment_then_padding():
     assert ok.tolist() == [True, True, False, True, False]
     assert attention_backends._lengths_only(TokenMask.segments(seg))  # noqa: SLF001
     assert not attention_backends._lengths_only(TokenMask.segments(seg).causal(seg))  # noqa: SLF001
+
+
+@pytest.mark.parametrize("name", ["segments", "causal"])
+def test_kernel_reads_no_array_mask_when_no_key_is_padding(name):
+    """A length the tiles divide: the kernels decide by the TokenMask alone (its all-ones
+    array mask is not read, `array_mask` False), and tokens with id 0 inside the length stay
+    hidden, as the XLA path with the array has them."""
+    seg, pos = SEG[:, 8:], POS[:, 8:]  # 32 tokens; row 0's last 5 and row 1's none are id 0
+    tm = TokenMask.segments(seg)
+    array = masks.segment_mask(seg)
+    if name == "causal":
+        tm = tm.causal(pos)
+        array = masks.mask_from_features({"segment_ids": seg, "positions": pos}, "causal")
+    t = seg.shape[1]
+    rng = np.random.default_rng(2)
+    f = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)  # noqa: E731
+    q, k, v, cot = (f(B, t, H, DH) for _ in range(4))
+    drop = dict(dropout_rate=0.2, dropout_rng=jax.random.PRNGKey(5))
+    assert fused_attention.prepare(q, k, v, mask=tm, block_q=16, block_k=16,
+                                   **drop).st.array_mask is False
+    got, pull_got = jax.vjp(lambda q, k, v: fused_attention.flash_attention(
+        q, k, v, mask=tm, block_q=16, block_k=16, **drop), q, k, v)
+    want, pull_want = jax.vjp(lambda q, k, v: attention.dot_product_attention(
+        q, k, v, mask=array, backend="xla", deterministic=False, **drop), q, k, v)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    for g, w in zip(pull_got(cot), pull_want(cot)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)

@@ -480,7 +480,9 @@ def prepare(q: jax.Array, k: jax.Array, v: jax.Array, *,
     if isinstance(mask, TokenMask):  # evaluated per tile from its [B, T] features
         tokens = _padded_token_features(mask, tq_p, tk_p)
         token_names, token_rule, mask = mask.names(), mask.rule(), None
-    mask = _array_mask(mask, tk, tq_p, tk_p, jnp.int8)  # all ones with a TokenMask
+    # all ones with a TokenMask, but for padded keys: the kernels skip it when none are
+    array_mask = not (token_names and tk == tk_p)
+    mask = _array_mask(mask, tk, tq_p, tk_p, jnp.int8)
 
     q = _pad_axis(_pad_axis(q, 1, tq_p), 3, dh_p)
     k = _pad_axis(_pad_axis(k, 1, tk_p), 3, dh_p)
@@ -511,6 +513,7 @@ def prepare(q: jax.Array, k: jax.Array, v: jax.Array, *,
         token_rule=token_rule,
         token_names=token_names,
         launch=launch,
+        array_mask=array_mask,
     )
     return FlashInputs(st, (q, k, v, mask, table, pos_q, pos_k, factor, drop_key, tokens),
                        tq, dh)

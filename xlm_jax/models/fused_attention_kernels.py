@@ -31,6 +31,14 @@ from xlm_jax.models.token_mask import TokenMask
 # inf - inf = NaN.
 MASK_VALUE: float = -1e30
 _F32 = jnp.float32
+# The kernels' softmax runs in base 2: a tile's logits are scaled by log2(e) with the 1/sqrt(Dh)
+# scale (and the relative bias by it with its factor), so each probability is one `exp2` of
+# a difference. Pallas lowers `exp` on a GPU to libdevice's `__nv_expf` (a range reduction
+# around `ex2.approx`: 7 instructions an element in the compiled loop) and `exp2` to the
+# `ex2.approx` alone; FlashAttention's Triton kernels do the same. The log-sum-exp the
+# forward kernel returns (the backward kernels' input) stays in natural units.
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
 
 # jax 0.11 deprecates Pallas' Triton backend ("will be removed in a future JAX version"), which
 # these kernels lower through on GPU. A jax without it must still import the models and run
@@ -61,6 +69,10 @@ class _Static:
     token_names: tuple[str, ...] = ()
     launch: KernelLaunch = KernelLaunch()
     kernel: str = "forward"  # the running kernel, whose `launch` entry the properties read
+    # the kernels read the array mask's tile; False where a TokenMask alone decides and no key
+    # is padding (the mask is then all ones: reading it and testing it cost ~2 instructions
+    # a score in the compiled loops, `accelerator.kernel_ptx`)
+    array_mask: bool = True
 
     def for_kernel(self, kernel: str) -> _Static:
         """These settings for ``kernel`` (its tile, warps and stages from ``launch``)."""
@@ -165,18 +177,19 @@ def _relative_tile(st: _Static, table_ref, pos_q: jax.Array, pos_k: jax.Array):
 
 
 def _tile(st: _Static, q, k, mask_tile, rel):
-    """Scaled, biased, masked float32 logits of one tile ``[bq, bk]``.
+    """Scaled, biased, masked float32 logits of one tile ``[bq, bk]``, in base 2 (times
+    log2(e): ``exp2`` of them is the natural softmax's ``exp``).
 
     ``rel`` is None or ``(table_ref, pos_q [bq], pos_k [bk], factor [bq])``. Returns
-    ``(s, d, bucket, span)`` with the raw bias ``d``, the buckets and their ``_bucket_span``
-    (all None without a relative bias).
+    ``(s, d, bucket, span)`` with the raw bias ``d`` (natural units), the buckets and their
+    ``_bucket_span`` (all None without a relative bias).
     """
-    s = jnp.dot(q, k.T, preferred_element_type=_F32) * st.scale
+    s = jnp.dot(q, k.T, preferred_element_type=_F32) * (st.scale * _LOG2E)
     d = bucket = span = None
     if rel is not None:
         table_ref, pos_q, pos_k, factor = rel
         d, bucket, span = _relative_tile(st, table_ref, pos_q, pos_k)
-        s = s + d * factor[:, None]
+        s = s + d * (factor * _LOG2E)[:, None]
     s = jnp.where(mask_tile != 0, s, MASK_VALUE)
     return s, d, bucket, span
 
@@ -203,16 +216,18 @@ def _split(refs, st: _Static, n_in: int):
 
 
 def _visible(st: _Static, mask_tile, tok, q_rows, k_rows, q_start, k_start, bq: int, bk: int):
-    """A tile's visibility: the array mask's tile AND the TokenMask's rule over the tile's
-    token features (`q_rows`/`k_rows` index the query/key feature refs)."""
-    visible = mask_tile != 0
+    """A tile's visibility: the array mask's tile (``mask_tile()`` reads it; not read where
+    ``st.array_mask`` is False) AND the TokenMask's rule over the tile's token features
+    (`q_rows`/`k_rows` index the query/key feature refs)."""
+    visible = mask_tile() != 0 if st.array_mask else None
     if tok is None:
         return visible
     feats_q = {n: tok[2 * i][q_rows][:, None] for i, n in enumerate(st.token_names)}
     feats_k = {n: tok[2 * i + 1][k_rows][None, :] for i, n in enumerate(st.token_names)}
     qi = q_start + jax.lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
     kj = k_start + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)
-    return visible & st.token_rule.tile(feats_q, feats_k, qi, kj)
+    rule = st.token_rule.tile(feats_q, feats_k, qi, kj)
+    return rule if visible is None else visible & rule
 
 
 # --------------------------------------------------------------------------------- kernels
@@ -233,17 +248,18 @@ def _forward_kernel(*refs, st: _Static):
     def body(j, carry):
         m, l, acc = carry
         ks = pl.ds(j * bk, bk)
-        mask_tile = _visible(st, mask_ref[:, ks], tok, slice(None), ks, q_start, j * bk, bq, bk)
+        mask_tile = _visible(st, lambda: mask_ref[:, ks], tok, slice(None), ks, q_start, j * bk,
+                             bq, bk)
         tile_rel = None if rel is None else (table_ref, pos_q, pk_ref[ks], factor)
         s, _, _, _ = _tile(st, q, k_ref[ks, :], mask_tile, tile_rel)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
-        alpha = jnp.exp(m - m_new)
-        p = jnp.exp(s - m_new[:, None])
+        alpha = jnp.exp2(m - m_new)
+        p = jnp.exp2(s - m_new[:, None])
         v = v_ref[ks, :]
         l = l * alpha + jnp.sum(p, axis=1)  # the softmax denominator counts dropped entries
-        if st.dropout:
+        if st.dropout:  # the kept entries' 1 / keep_prob is applied to the row at the end
             keep = _keep(st, key_rows, q_start, j * bk, bq, bk)
-            p = jnp.where(keep, p * (1.0 / st.keep_prob), 0.0)
+            p = jnp.where(keep, p, 0.0)
         acc = acc * alpha[:, None] + jnp.dot(p.astype(v.dtype), v, preferred_element_type=_F32)
         return m_new, l, acc
 
@@ -259,8 +275,9 @@ def _forward_kernel(*refs, st: _Static):
     seen = m > 0.5 * MASK_VALUE
     # Rows with no visible key: output 0 and lse = +inf (so recomputed probabilities are 0).
     safe_l = jnp.where(seen, l, 1.0)
-    o_ref[...] = jnp.where(seen[:, None], acc / safe_l[:, None], 0.0).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(seen, m + jnp.log(safe_l), jnp.inf)
+    o_ref[...] = jnp.where(seen[:, None], acc / (safe_l * st.keep_prob)[:, None],
+                           0.0).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(seen, (m + jnp.log2(safe_l)) * _LN2, jnp.inf)
 
 
 def _dkv_kernel(*refs, st: _Static):
@@ -278,16 +295,16 @@ def _dkv_kernel(*refs, st: _Static):
         dk, dv = carry
         qs = pl.ds(i * bq, bq)
         q, do = q_ref[qs, :], do_ref[qs, :]
-        mask_tile = _visible(st, mask_ref[qs, :] if st.mask_q else mask_ref[...], tok, qs,
-                             slice(None), i * bq, k_start, bq, k.shape[0])
+        mask_tile = _visible(st, lambda: mask_ref[qs, :] if st.mask_q else mask_ref[...], tok,
+                             qs, slice(None), i * bq, k_start, bq, k.shape[0])
         tile_rel = None if rel is None else (table_ref, pq_ref[qs], pos_k, f_ref[qs])
         s, _, _, _ = _tile(st, q, k, mask_tile, tile_rel)
-        p = jnp.exp(s - lse_ref[qs][:, None])
+        p = jnp.exp2(s - (lse_ref[qs] * _LOG2E)[:, None])
         dp = jnp.dot(do, v.T, preferred_element_type=_F32)
         p_kept = p
         if st.dropout:  # O = (P∘Z)V: dV = (P∘Z)ᵀdO, dP = Z∘(dO·Vᵀ), Z = keep / keep_prob
             keep = _keep(st, drop_ref[qs], i * bq, k_start, bq, k.shape[0])
-            p_kept = jnp.where(keep, p * (1.0 / st.keep_prob), 0.0)
+            p_kept = jnp.where(keep, p, 0.0)  # its 1 / keep_prob is applied to dv at the end
             dp = jnp.where(keep, dp * (1.0 / st.keep_prob), 0.0)
         dv = dv + jnp.dot(p_kept.astype(do.dtype).T, do, preferred_element_type=_F32)
         ds = p * (dp - delta_ref[qs][:, None])
@@ -297,7 +314,7 @@ def _dkv_kernel(*refs, st: _Static):
     init = (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32))
     dk, dv = jax.lax.fori_loop(0, q_ref.shape[0] // bq, body, init)
     dk_ref[...] = (dk * st.scale).astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+    dv_ref[...] = (dv * (1.0 / st.keep_prob)).astype(dv_ref.dtype)
 
 
 def _dq_kernel(*refs, st: _Static):
@@ -306,6 +323,7 @@ def _dq_kernel(*refs, st: _Static):
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, mask_ref = ins
     q, do = q_ref[...], do_ref[...]
     lse, delta = lse_ref[...], delta_ref[...]
+    lse2 = lse * _LOG2E
     bk = st.block_k
     q_start = pl.program_id(2) * q.shape[0]
     key_rows = drop_ref[...] if st.dropout else None
@@ -321,10 +339,10 @@ def _dq_kernel(*refs, st: _Static):
         ks = pl.ds(j * bk, bk)
         k, v = k_ref[ks, :], v_ref[ks, :]
         tile_rel = None if rel is None else (table_ref, pos_q, pk_ref[ks], factor)
-        mask_tile = _visible(st, mask_ref[:, ks], tok, slice(None), ks, q_start, j * bk,
-                             q.shape[0], bk)
+        mask_tile = _visible(st, lambda: mask_ref[:, ks], tok, slice(None), ks, q_start,
+                             j * bk, q.shape[0], bk)
         s, d, bucket, span = _tile(st, q, k, mask_tile, tile_rel)
-        p = jnp.exp(s - lse[:, None])
+        p = jnp.exp2(s - lse2[:, None])
         dp = jnp.dot(do, v.T, preferred_element_type=_F32)
         if st.dropout:
             keep = _keep(st, key_rows, q_start, j * bk, q.shape[0], bk)
