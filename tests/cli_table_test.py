@@ -130,6 +130,11 @@ TABLE = [
      "over 40 launches on this host)"),
     ("xlm_jax.accelerator.kernel_sweep", "bad value", ["--launches=64x64"], 2,
      "error: --launches: '64x64' is not BQxBKwWARPSsSTAGES (e.g. 128x64w4s3)"),
+    ("xlm_jax.accelerator.kernel_ptx", "no args", [], 2, "error: the CUDA plugin is not "
+     "installed: ..."),
+    ("xlm_jax.accelerator.kernel_ptx", "bad value", ["--bias=alibi"], 2,
+     "error: --dtype 'bfloat16' / --bias 'alibi': dtype one of float32, bfloat16, float16, "
+     "bias of none, gated"),
     ("xlm_jax.accelerator.profile_summary", "no args", [], 2, "python -m "
      "xlm_jax.accelerator.profile_summary: error: the following arguments are required: "
      "TRACE_OR_DIR, --steps (--help lists every flag)"),

@@ -10,7 +10,8 @@ gated-bias kernels slower still), and their one launch setting was chosen by tim
 and backward together. This times the three kernels (`fused_attention.KERNELS`: forward, dk/dv,
 dq) apart, each with every launch in `--launches` (default `gpu_launches()`, in the order we
 expect them to win, so a budget that runs out leaves the likely ones measured), on the shapes
-of a base run file: a key-padding mask (a quarter of the rows end in padding), attention
+of a base run file: a key-padding mask as the model passes it (`TokenMask.padding`; a quarter
+of the rows end in padding), attention
 dropout, and for `gated` XLM-E's relative bias (32 buckets, distance 128, a per-query gate).
 
 Every launch's outputs are compared with the default launch's (`fused_attention.GPU_LAUNCH`;
@@ -108,14 +109,17 @@ def make_call(problem: Problem, seed: int = 0) -> Call:
     import jax.numpy as jnp
     import numpy as np
 
-    from xlm_jax.models import fused_attention, masks, position
+    from xlm_jax.models import fused_attention, position
+    from xlm_jax.models.token_mask import TokenMask
 
     b, t, h, d = problem.batch, problem.seq_len, problem.heads, problem.head_dim
     rng = np.random.default_rng(seed)
     dtype = jnp.dtype(problem.dtype)
     q, k, v, cot = (jnp.asarray(rng.normal(size=(b, t, h, d)), dtype) for _ in range(4))
     lengths = np.where(np.arange(b) % 4 == 3, t - t // 8, t)  # a quarter of the rows padded
-    kwargs: dict[str, Any] = {"mask": masks.padding_mask(np.arange(t)[None] < lengths[:, None])}
+    # the mask as the model gives it (`Encoder`: a TokenMask of the rows' valid tokens, which
+    # the kernels evaluate per tile from [B, T] rows), not a [B, 1, T, T] array read per tile
+    kwargs: dict[str, Any] = {"mask": TokenMask.padding(np.arange(t)[None] < lengths[:, None])}
     if problem.bias == "gated":
         pos = jnp.tile(jnp.arange(t, dtype=jnp.int32), (b, 1))
         kwargs["relative"] = position.RelativeBias(
