@@ -53,6 +53,19 @@ def test_bucket_known_values():
     np.testing.assert_array_equal(np.asarray(position.relative_position_bucket(rel)), expected)
 
 
+def test_bucket_is_integer_arithmetic_only():
+    """No float (so no device's float32 `log`) anywhere in the bucket computation: every
+    backend gets the same buckets, also where mesh-tensorflow's quotient is an exact integer
+    (distances 16, 32 and 64 at 32 buckets and distance 128, each the start of a bucket)."""
+    jaxpr = jax.make_jaxpr(position.relative_position_bucket)(jnp.arange(-300, 301))
+    dtypes = {v.aval.dtype for eqn in jaxpr.jaxpr.eqns for v in eqn.outvars}
+    assert all(jnp.issubdtype(d, jnp.integer) or d == jnp.bool_ for d in dtypes), dtypes
+    assert position.log_bucket_starts(32, 128) == (12, 16, 23, 32, 46, 64, 91)
+    for n, want in ((15, 9), (16, 10), (31, 11), (32, 12), (63, 13), (64, 14)):
+        assert mtf_bucket(-n) == want
+        assert int(position.relative_position_bucket(jnp.asarray(-n))) == want
+
+
 def test_bucket_bad_arguments():
     with pytest.raises(ValueError, match="num_buckets must be even and >= 4, got 31"):
         position.relative_position_bucket(jnp.zeros(3, jnp.int32), num_buckets=31)

@@ -20,6 +20,7 @@ parameters are always per layer. The result is an additive bias for
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -31,6 +32,28 @@ import numpy as np
 Dtype = Any
 
 
+@functools.lru_cache(maxsize=None)
+def log_bucket_starts(num_buckets: int, max_distance: int) -> tuple[int, ...]:
+    """The distance at which each logarithmic bucket after the first begins, within a half.
+
+    mesh-tensorflow's bucket of a distance ``n >= max_exact`` is ``max_exact +
+    int(log(n / max_exact) / log(max_distance / max_exact) * (half - max_exact))``, at most
+    ``half - 1``: non-decreasing in ``n``, so it equals ``max_exact`` plus the number of these
+    starts at or below ``n``. Computed here once, in float64 as the reference computes it.
+    """
+    half = num_buckets // 2
+    max_exact = half // 2
+    starts, n = [], max_exact
+    for bucket in range(max_exact + 1, half):
+        # the reference's expression, operation for operation (its rounding decides the
+        # distances where the quotient is an exact integer)
+        while max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact)
+                              * (half - max_exact)) < bucket:
+            n += 1
+        starts.append(n)
+    return tuple(starts)
+
+
 def relative_position_bucket(
     relative_position: jax.Array, num_buckets: int = 32, max_distance: int = 128
 ) -> jax.Array:
@@ -40,6 +63,14 @@ def relative_position_bucket(
     distances below ``num_buckets // 4`` get one bucket each; larger distances are spaced
     logarithmically up to ``max_distance``, beyond which everything shares the last bucket.
     Matches mesh-tensorflow ``_relative_position_bucket(bidirectional=True)`` and HF T5.
+
+    In integer arithmetic only: a logarithmic bucket is found by comparing the distance with
+    the distances where the buckets begin (`log_bucket_starts`, mesh-tensorflow's float64
+    formula evaluated once), not by a float ``log`` per entry. So every backend (XLA on any
+    device, the Triton and Mosaic kernels) gets the same buckets, also at the distances where
+    the formula is an exact integer (16, 32, 64 at 32 buckets and distance 128) and a float32
+    ``log`` may round either way; and the kernels spend ~7 compares an entry instead of a
+    ``log`` and a divide (``accelerator.kernel_ptx``).
 
     Args:
       relative_position: int array of ``key_pos - query_pos``, any shape.
@@ -64,14 +95,10 @@ def relative_position_bucket(
     # Keys after the query (positive relative position) use the upper half.
     ret = (relative_position > 0).astype(jnp.int32) * half
     n = jnp.abs(relative_position)
-    is_small = n < max_exact
-    # max(n, 1) keeps log finite where the small branch is taken anyway.
-    n_f = jnp.maximum(n, 1).astype(jnp.float32)
-    val_if_large = max_exact + (
-        jnp.log(n_f / max_exact) / math.log(max_distance / max_exact) * (half - max_exact)
-    ).astype(jnp.int32)
-    val_if_large = jnp.minimum(val_if_large, half - 1)
-    return ret + jnp.where(is_small, n, val_if_large)
+    large = jnp.full(n.shape, max_exact, jnp.int32)
+    for start in log_bucket_starts(num_buckets, max_distance):
+        large = large + (n >= start).astype(jnp.int32)
+    return ret + jnp.where(n < max_exact, n, large)
 
 
 def relative_bias_values(
