@@ -71,6 +71,8 @@ def test_bucket_bad_arguments():
         position.relative_position_bucket(jnp.zeros(3, jnp.int32), num_buckets=31)
     with pytest.raises(ValueError, match="max_distance=8 must exceed num_buckets // 4 = 8"):
         position.relative_position_bucket(jnp.zeros(3, jnp.int32), num_buckets=32, max_distance=8)
+    with pytest.raises(ValueError, match="num_buckets=32 and max_distance=8 leave no"):
+        position.log_bucket_starts(32, 8)  # not a loop without end
 
 
 # ---------------------------------------------------------------- numpy reference of the bias

@@ -43,6 +43,10 @@ def log_bucket_starts(num_buckets: int, max_distance: int) -> tuple[int, ...]:
     """
     half = num_buckets // 2
     max_exact = half // 2
+    if max_exact < 1 or max_distance <= max_exact:
+        raise ValueError(f"log_bucket_starts: num_buckets={num_buckets} and max_distance="
+                         f"{max_distance} leave no logarithmic buckets (need num_buckets >= 4 "
+                         f"and max_distance > num_buckets // 4)")
     starts, n = [], max_exact
     for bucket in range(max_exact + 1, half):
         # the reference's expression, operation for operation (its rounding decides the
