@@ -259,13 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from xlm_jax.accelerator.compile import targets
 
     try:
-        b, t, h, d = (int(x) for x in args.shape.split(","))
-        biases = [x.strip() for x in args.bias.split(",")]
-        if args.dtype not in kernel_sweep.TOLERANCE or any(
-                x not in kernel_sweep.BIASES for x in biases):
-            raise ValueError(f"--dtype {args.dtype!r} / --bias {args.bias!r}: dtype one of "
-                             f"{', '.join(kernel_sweep.TOLERANCE)}, bias of "
-                             f"{', '.join(kernel_sweep.BIASES)}")
+        (b, t, h, d), biases = kernel_sweep.problem_flags(args.shape, args.dtype, args.bias)
         target = targets.parse_target(f"{args.target}:1x1x1")
         if target.platform != "cuda":
             raise ValueError(f"--target {args.target!r}: a GPU card of accelerator/compile/"

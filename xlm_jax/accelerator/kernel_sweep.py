@@ -307,6 +307,19 @@ def table_row(row: Row) -> str:
             f"{f(row.tflops, '.1f')} | {f(row.error, '.2e')} | {row.reason} |")
 
 
+def problem_flags(shape: str, dtype: str, bias: str) -> tuple[tuple[int, ...], list[str]]:
+    """``--shape``, ``--dtype`` and ``--bias`` checked: ((batch, seq_len, heads, head_dim),
+    the biases); ValueError (one line) otherwise. Shared with `kernel_ptx`."""
+    dims = tuple(int(x) for x in shape.split(","))
+    if len(dims) != 4:
+        raise ValueError(f"--shape {shape!r}: batch,seq_len,heads,head_dim")
+    biases = [x.strip() for x in bias.split(",")]
+    if dtype not in TOLERANCE or any(x not in BIASES for x in biases):
+        raise ValueError(f"--dtype {dtype!r} / --bias {bias!r}: dtype one of "
+                         f"{', '.join(TOLERANCE)}, bias of {', '.join(BIASES)}")
+    return dims, biases
+
+
 def _parser() -> argparse.ArgumentParser:
     p = cli_help.Parser(prog="python -m xlm_jax.accelerator.kernel_sweep", description=__doc__,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -326,11 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The CLI; returns the exit status (see the module docstring)."""
     args = _parser().parse_args(argv)
     try:
-        b, t, h, d = (int(x) for x in args.shape.split(","))
-        biases = [x.strip() for x in args.bias.split(",")]
-        if args.dtype not in TOLERANCE or any(x not in BIASES for x in biases):
-            raise ValueError(f"--dtype {args.dtype!r} / --bias {args.bias!r}: dtype one of "
-                             f"{', '.join(TOLERANCE)}, bias of {', '.join(BIASES)}")
+        (b, t, h, d), biases = problem_flags(args.shape, args.dtype, args.bias)
         launches = (gpu_launches() if args.launches is None
                     else [x.strip() for x in args.launches.split(",")])
         for text in launches:
