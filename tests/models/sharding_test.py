@@ -100,11 +100,12 @@ def test_activation_constraints_take_effect_in_the_trainer_context():
     def count(jaxpr):
         return str(jaxpr).count("sharding_constraint")
 
-    with mesh, nn.logical_axis_rules(rules):
-        legacy = count(jax.make_jaxpr(fwd)(params))
+    # the legacy context, deprecated since jax 0.11: the control runs while jax has it
+    if hasattr(type(mesh), "__enter__"):
+        with mesh, nn.logical_axis_rules(rules):
+            assert count(jax.make_jaxpr(fwd)(params)) == 0
     with partitioning.activate(mesh, rules):
         active = count(jax.make_jaxpr(fwd)(params))
-    assert legacy == 0
     # embeddings + per layer: q, k, v, attention output, FFN intermediate, layer output
     assert active >= 1 + cfg.num_layers * 5, active
 
