@@ -34,7 +34,7 @@ _F32 = jnp.float32
 # The kernels' softmax runs in base 2: a tile's logits are scaled by log2(e) with the 1/sqrt(Dh)
 # scale (and the relative bias by it with its factor), so each probability is one `exp2` of
 # a difference. Pallas lowers `exp` on a GPU to libdevice's `__nv_expf` (a range reduction
-# around `ex2.approx`: 7 instructions an element in the compiled loop) and `exp2` to the
+# around `ex2.approx`: ~9 instructions an element in the compiled loop) and `exp2` to the
 # `ex2.approx` alone; FlashAttention's Triton kernels do the same. The log-sum-exp the
 # forward kernel returns (the backward kernels' input) stays in natural units.
 _LOG2E = 1.4426950408889634
