@@ -4,11 +4,11 @@ The ``"pallas"`` backend of :func:`xlm_jax.models.attention.dot_product_attentio
 path adds a materialised float32 ``[B, H, Tq, Tk]`` bias (``gated_relative_bias``); here the
 bias arrives *described* (:class:`~xlm_jax.models.position.RelativeBias`: the
 ``[num_buckets, H]`` table, per-token positions and the per-query gate factor ``[B, H, Tq]``)
-and each (query block, key block) tile recomputes it: T5 buckets from the positions (the
-arithmetic of :func:`~xlm_jax.models.position.relative_position_bucket`), a select loop over
-the buckets the tile holds (its [min, max] span of this head's table column; a tile whose
-keys all lie ``max_distance`` or more after or before its queries holds one saturated bucket
-and reads one entry), times the factor rows. The forward is flash-attention (online
+and each (query block, key block) tile recomputes it: each score's bias gathered from this
+head's bias per relative distance clipped to ``[-max_distance, max_distance]`` (built from the
+table with :func:`~xlm_jax.models.position.relative_position_bucket` before the call; a tile
+whose keys all lie ``max_distance`` or more after or before its queries holds one saturated
+bucket and reads one table entry), times the factor rows. The forward is flash-attention (online
 softmax, float32 accumulators, the logsumexp saved); the backward (``jax.custom_vjp``) is
 flash-attention-2 recomputation from the logsumexp in two kernels: one over key blocks (dk,
 dv), one over query blocks (dq, the factor's gradient ``Σ_j dS_ij·d_ij`` and per-block partial
@@ -56,7 +56,7 @@ from xlm_jax.models import attention_dropout
 from xlm_jax.models.fused_attention_kernels import (  # noqa: F401 - re-exported
     KERNELS, MASK_VALUE, NUM_STAGES, NUM_WARPS, TRITON_MISSING, KernelLaunch, Launch, _dkv_kernel,
     _dq_kernel, _forward_kernel, _Static)
-from xlm_jax.models.position import RelativeBias
+from xlm_jax.models.position import RelativeBias, relative_position_bucket
 from xlm_jax.models.token_mask import TokenMask
 
 # Tiles: 64 x 64 on a GPU for every kernel (measured fastest of those tried with one setting
@@ -143,8 +143,29 @@ def _specs(st: _Static, tq: int, tk: int, dh: int, table, *, key_major: bool):
     rel_specs = []
     q_row, k_row = _token_row_specs(st, tq, tk, key_major)
     if st.num_buckets:
-        rel_specs = [pl.BlockSpec((None, nbp), lambda b, h, n: (h, 0)), q_row, k_row, rows_spec]
+        width = _distance_width(st)
+        rel_specs = [pl.BlockSpec((None, nbp), lambda b, h, n: (h, 0)), q_row, k_row, rows_spec,
+                     pl.BlockSpec((None, width), lambda b, h, n: (h, 0))]
     return q_spec, kv_spec, rows_spec, mask_spec, rel_specs
+
+
+def _distance_width(st: _Static) -> int:
+    """Entries of the distance vector: every distance in ``[-max_distance, max_distance]``,
+    padded to a power of two (a Triton block's length)."""
+    return pl.next_power_of_2(2 * st.max_distance + 1)
+
+
+def _relative_args(st: _Static, table, pos_q, pos_k, factor) -> tuple:
+    """The relative bias's kernel inputs: ``(table, pos_q, pos_k, factor, dvec)``, the last
+    the bias ``[H, W]`` of every distance clipped to ``[-max_distance, max_distance]`` (entry
+    ``distance + max_distance``; beyond it the T5 buckets have saturated), which the kernels
+    gather per score (`_relative_tile`). Built here from the table, in XLA; the table's
+    gradient is still the dq kernel's, per bucket."""
+    if not st.num_buckets:
+        return ()
+    distance = jnp.arange(_distance_width(st), dtype=jnp.int32) - st.max_distance
+    bucket = relative_position_bucket(distance, st.num_buckets, st.max_distance)
+    return table, pos_q, pos_k, factor, jnp.take(table, bucket, axis=1)
 
 
 def _token_row_specs(st: _Static, tq: int, tk: int, key_major: bool):
@@ -193,7 +214,7 @@ def _forward(st: _Static, q, k, v, mask, table, pos_q, pos_k, factor, drop_key, 
     b_, tq, h_, _ = q.shape
     specs = _specs(st, tq, k.shape[1], q.shape[3], table, key_major=False)
     q_spec, kv_spec, rows_spec, mask_spec, rel_specs = specs
-    rel_args = (table, pos_q, pos_k, factor) if st.num_buckets else ()
+    rel_args = _relative_args(st, table, pos_q, pos_k, factor)
     extra, extra_specs = _extras(st, rel_args, rel_specs, drop_key, rows_spec, tokens, False,
                                  tq, k.shape[1])
     return _call(st, _forward_kernel, (b_, h_, tq // st.block_q),
@@ -219,7 +240,7 @@ def _dkv(st: _Static, q, k, v, mask, table, pos_q, pos_k, factor, drop_key, toke
     st = st.for_kernel("dkv")
     b_, tq, h_, dh = q.shape
     tk = k.shape[1]
-    rel_args = (table, pos_q, pos_k, factor) if st.num_buckets else ()
+    rel_args = _relative_args(st, table, pos_q, pos_k, factor)
     q_spec, kv_spec, rows_spec, mask_spec, rel_specs = _specs(st, tq, tk, dh, table,
                                                               key_major=True)
     extra, extra_specs = _extras(st, rel_args, rel_specs, drop_key, rows_spec, tokens, True,
@@ -239,7 +260,7 @@ def _dq(st: _Static, q, k, v, mask, table, pos_q, pos_k, factor, drop_key, token
     st = st.for_kernel("dq")
     b_, tq, h_, dh = q.shape
     tk = k.shape[1]
-    rel_args = (table, pos_q, pos_k, factor) if st.num_buckets else ()
+    rel_args = _relative_args(st, table, pos_q, pos_k, factor)
     q_spec, kv_spec, rows_spec, mask_spec, rel_specs = _specs(st, tq, tk, dh, table,
                                                               key_major=False)
     extra, extra_specs = _extras(st, rel_args, rel_specs, drop_key, rows_spec, tokens, False,

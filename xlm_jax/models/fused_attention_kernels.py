@@ -21,9 +21,9 @@ except ImportError:  # a jax that has dropped it (see TRITON_MISSING)
     pl_triton = None
 
 from xlm_jax.models import attention_dropout
+from xlm_jax.models.position import relative_position_bucket
 from xlm_jax.models.kernel_launch import (  # noqa: F401 - re-exported
     KERNELS, NUM_STAGES, NUM_WARPS, KernelLaunch, Launch)
-from xlm_jax.models.position import relative_position_bucket
 from xlm_jax.models.token_mask import TokenMask
 
 # Finite stand-in for -inf on masked logits, shared with attention's XLA path: exp(-1e30 - max)
@@ -108,29 +108,18 @@ class _Static:
 
 
 def _bucket_span(bucket: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The smallest and one past the largest bucket in a tile: the only buckets its lookup
-    and its table gradient need to visit.
+    """The smallest and one past the largest bucket in a tile: the only buckets its table
+    gradient needs to visit (the dq kernel's `_bucket_sums`).
 
     A tile's relative distances span at most ``bq + bk - 1`` values, and the T5 buckets
     saturate at ``max_distance``: a tile away from the diagonal holds one or two buckets, a
     diagonal tile most of them. Visiting only ``[lo, hi)`` instead of every bucket cuts the
-    per-element selects of the gated-bias kernels (a select per bucket and element: a Triton
-    kernel cannot gather from the table) to the buckets a tile holds: at T = 512 with
-    64-wide tiles, 32 buckets and distance 128 (XLM-E's run files), 7.9 visits a tile on
-    average instead of 32 (``docs/experiments/bucket_visits.py``). Exact: a bucket outside
-    ``[lo, hi)`` matches no element of the tile.
+    per-element selects to the buckets a tile holds: at T = 512 with 64-wide tiles, 32
+    buckets and distance 128 (XLM-E's run files), 7.9 visits a tile on average instead of 32
+    (``docs/experiments/bucket_visits.py``). Exact: a bucket outside ``[lo, hi)`` matches no
+    element of the tile.
     """
     return jnp.min(bucket), jnp.max(bucket) + 1
-
-
-def _lookup(table_ref, bucket: jax.Array, span: tuple[jax.Array, jax.Array]) -> jax.Array:
-    """``table[bucket]`` for one head's column: a select per bucket of the tile's ``span``
-    (no gather in the kernel)."""
-
-    def body(n, d):
-        return jnp.where(bucket == n, table_ref[n], d)
-
-    return jax.lax.fori_loop(span[0], span[1], body, jnp.zeros(bucket.shape, _F32))
 
 
 def _bucket_sums(acc: jax.Array, bucket: jax.Array, g: jax.Array,
@@ -146,14 +135,21 @@ def _bucket_sums(acc: jax.Array, bucket: jax.Array, g: jax.Array,
     return jax.lax.fori_loop(span[0], span[1], body, acc)
 
 
-def _relative_tile(st: _Static, table_ref, pos_q: jax.Array, pos_k: jax.Array):
-    """``(d, bucket, span)`` of one tile: the raw bias, the buckets and their span.
+def _relative_tile(st: _Static, vecs, pos_q: jax.Array, pos_k: jax.Array, buckets: bool):
+    """``(d, bucket, span)`` of one tile: the raw bias, the buckets and their span (None
+    unless ``buckets``: only the dq kernel, for the table's gradient, needs them).
 
-    A tile whose every key lies at least ``max_distance`` after (or before) every query holds
-    one bucket, the last of its half (the T5 buckets saturate there; at T = 512 with 64-wide
-    tiles and distance 128, 30 of the 64 tiles): it reads that one table entry and computes
-    no bucket per element. The others compute the buckets and look up their span.
+    ``vecs`` is ``(table_ref, dvec_ref)``: this head's table column and its bias for every
+    distance clipped to ``[-max_distance, max_distance]`` (offset by ``max_distance``;
+    `fused_attention._relative_args`). A tile whose every key lies at
+    least ``max_distance`` after (or before) every query holds one bucket, the last of its
+    half (the T5 buckets saturate there; at T = 512 with 64-wide tiles and distance 128, 30 of
+    the 64 tiles): it reads that one table entry. The others gather each score's bias from
+    the distance vector, one load a score from a few hundred entries, in place of a select per
+    bucket of the tile; the dq kernel also computes the buckets, for the table's gradient
+    (`accelerator.kernel_ptx`, docs/performance.md).
     """
+    table_ref, dvec_ref = vecs
     shape = (pos_q.shape[0], pos_k.shape[0])
     after = jnp.min(pos_k) - jnp.max(pos_q) >= st.max_distance
     before = jnp.max(pos_k) - jnp.min(pos_q) <= -st.max_distance
@@ -163,32 +159,36 @@ def _relative_tile(st: _Static, table_ref, pos_q: jax.Array, pos_k: jax.Array):
     n_far = half - 1 + half * after.astype(jnp.int32)
 
     def far(n):
-        bucket = jnp.full(shape, n, jnp.int32)
-        return jnp.full(shape, table_ref[n], _F32), bucket, (n, n + 1)
+        d = jnp.full(shape, table_ref[n], _F32)
+        return (d, jnp.full(shape, n, jnp.int32), (n, n + 1)) if buckets else d
 
     def near(_):
-        bucket = relative_position_bucket(
-            pos_k[None, :] - pos_q[:, None], st.num_buckets, st.max_distance
-        )
-        span = _bucket_span(bucket)
-        return _lookup(table_ref, bucket, span), bucket, span
+        limit = st.max_distance
+        index = jnp.clip(pos_k[None, :] - pos_q[:, None], -limit, limit) + limit
+        if not buckets:
+            return dvec_ref[index]
+        bucket = relative_position_bucket(pos_k[None, :] - pos_q[:, None], st.num_buckets,
+                                          st.max_distance)
+        return dvec_ref[index], bucket, _bucket_span(bucket)
 
-    return jax.lax.cond(after | before, far, near, n_far)
+    out = jax.lax.cond(after | before, far, near, n_far)
+    return out if buckets else (out, None, None)
 
 
 def _tile(st: _Static, q, k, mask_tile, rel):
     """Scaled, biased, masked float32 logits of one tile ``[bq, bk]``, in base 2 (times
     log2(e): ``exp2`` of them is the natural softmax's ``exp``).
 
-    ``rel`` is None or ``(table_ref, pos_q [bq], pos_k [bk], factor [bq])``. Returns
+    ``rel`` is None or ``(vecs, pos_q [bq], pos_k [bk], factor [bq])`` (``vecs``: see
+    `_relative_tile`). Returns
     ``(s, d, bucket, span)`` with the raw bias ``d`` (natural units), the buckets and their
     ``_bucket_span`` (all None without a relative bias).
     """
     s = jnp.dot(q, k.T, preferred_element_type=_F32) * (st.scale * _LOG2E)
     d = bucket = span = None
     if rel is not None:
-        table_ref, pos_q, pos_k, factor = rel
-        d, bucket, span = _relative_tile(st, table_ref, pos_q, pos_k)
+        vecs, pos_q, pos_k, factor = rel
+        d, bucket, span = _relative_tile(st, vecs, pos_q, pos_k, st.kernel == "dq")
         s = s + d * (factor * _LOG2E)[:, None]
     s = jnp.where(mask_tile != 0, s, MASK_VALUE)
     return s, d, bucket, span
@@ -205,7 +205,7 @@ def _keep(st: _Static, key_rows, q_start, k_start, bq: int, bk: int) -> jax.Arra
 def _split(refs, st: _Static, n_in: int):
     """(leading inputs, relative-bias refs or None, dropout-key ref or None, outputs) from a
     kernel's flat ref list."""
-    n_rel = 4 if st.num_buckets else 0
+    n_rel = 5 if st.num_buckets else 0
     rel = tuple(refs[n_in : n_in + n_rel]) if n_rel else None
     at = n_in + n_rel
     drop = refs[at] if st.dropout else None
@@ -242,7 +242,8 @@ def _forward_kernel(*refs, st: _Static):
     q_start = pl.program_id(2) * bq
     key_rows = drop_ref[...] if st.dropout else None
     if rel is not None:
-        table_ref, pq_ref, pk_ref, f_ref = rel
+        table_ref, pq_ref, pk_ref, f_ref, dvec_ref = rel
+        vecs = (table_ref, dvec_ref)
         pos_q, factor = pq_ref[...], f_ref[...]
 
     def body(j, carry):
@@ -250,7 +251,7 @@ def _forward_kernel(*refs, st: _Static):
         ks = pl.ds(j * bk, bk)
         mask_tile = _visible(st, lambda: mask_ref[:, ks], tok, slice(None), ks, q_start, j * bk,
                              bq, bk)
-        tile_rel = None if rel is None else (table_ref, pos_q, pk_ref[ks], factor)
+        tile_rel = None if rel is None else (vecs, pos_q, pk_ref[ks], factor)
         s, _, _, _ = _tile(st, q, k_ref[ks, :], mask_tile, tile_rel)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         alpha = jnp.exp2(m - m_new)
@@ -288,7 +289,8 @@ def _dkv_kernel(*refs, st: _Static):
     bq = st.block_q
     k_start = pl.program_id(2) * k.shape[0]
     if rel is not None:
-        table_ref, pq_ref, pk_ref, f_ref = rel
+        table_ref, pq_ref, pk_ref, f_ref, dvec_ref = rel
+        vecs = (table_ref, dvec_ref)
         pos_k = pk_ref[...]
 
     def body(i, carry):
@@ -297,7 +299,7 @@ def _dkv_kernel(*refs, st: _Static):
         q, do = q_ref[qs, :], do_ref[qs, :]
         mask_tile = _visible(st, lambda: mask_ref[qs, :] if st.mask_q else mask_ref[...], tok,
                              qs, slice(None), i * bq, k_start, bq, k.shape[0])
-        tile_rel = None if rel is None else (table_ref, pq_ref[qs], pos_k, f_ref[qs])
+        tile_rel = None if rel is None else (vecs, pq_ref[qs], pos_k, f_ref[qs])
         s, _, _, _ = _tile(st, q, k, mask_tile, tile_rel)
         p = jnp.exp2(s - (lse_ref[qs] * _LOG2E)[:, None])
         dp = jnp.dot(do, v.T, preferred_element_type=_F32)
@@ -328,7 +330,8 @@ def _dq_kernel(*refs, st: _Static):
     q_start = pl.program_id(2) * q.shape[0]
     key_rows = drop_ref[...] if st.dropout else None
     if rel is not None:
-        table_ref, pq_ref, pk_ref, f_ref = rel
+        table_ref, pq_ref, pk_ref, f_ref, dvec_ref = rel
+        vecs = (table_ref, dvec_ref)
         pos_q, factor = pq_ref[...], f_ref[...]
         dq_ref, df_ref, dt_ref = outs
     else:
@@ -338,7 +341,7 @@ def _dq_kernel(*refs, st: _Static):
         dq, df, dt = carry
         ks = pl.ds(j * bk, bk)
         k, v = k_ref[ks, :], v_ref[ks, :]
-        tile_rel = None if rel is None else (table_ref, pos_q, pk_ref[ks], factor)
+        tile_rel = None if rel is None else (vecs, pos_q, pk_ref[ks], factor)
         mask_tile = _visible(st, lambda: mask_ref[:, ks], tok, slice(None), ks, q_start,
                              j * bk, q.shape[0], bk)
         s, d, bucket, span = _tile(st, q, k, mask_tile, tile_rel)
