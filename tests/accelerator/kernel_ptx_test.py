@@ -61,6 +61,24 @@ def test_loops_nest_and_count_their_own_body():
                                "float": 1, "compare/select": 1, "memory": 1, "other": 1}
 
 
+def test_two_branches_back_to_one_label_are_one_loop():
+    ptx = """
+$L__BB0_1:
+	add.s32 	%r1, %r1, 1;
+	@%p1 bra 	$L__BB0_1;
+	mul.lo.s32 	%r2, %r1, 3;
+$L__BB0_2:
+	xor.b32 	%r3, %r2, %r1;
+	@%p2 bra 	$L__BB0_2;
+	@%p3 bra 	$L__BB0_1;
+	ret;
+"""
+    outer, inner = kernel_ptx.loops(ptx)
+    assert (outer.depth, inner.depth) == (0, 1)
+    assert outer.opcodes == {"add.s32": 1, "bra": 2, "mul.lo.s32": 1}
+    assert inner.opcodes == {"xor.b32": 1, "bra": 1}
+
+
 @pytest.mark.parametrize("opcode,kind", [
     ("fma.rn.f32", "float"), ("add.s64", "integer"), ("mul.lo.s32", "integer"),
     ("sub.rn.bf16x2", "float"), ("shr.u32", "integer"), ("max.f32", "compare/select"),

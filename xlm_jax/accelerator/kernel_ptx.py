@@ -24,6 +24,8 @@ both sides of a branch in it counted), per score a thread handles in one trip
 (ex2, lg2, rcp, div...), integer arithmetic (the dropout hash, buckets, addresses), float
 arithmetic, compare/select, memory, other. It is a count, not a time: latencies, occupancy
 and the overlap of the tensor cores with the rest are a GPU's to measure (`kernel_sweep`).
+The gated-bias kernels choose per tile between two paths inside their loop; to count each
+path alone, `docs/experiments/kernel_ptx_paths.py near|far` runs this with the choice fixed.
 
 Exit status: 0 when every kernel compiled and was counted; 1 when one failed (its row says
 why); 2 on a bad flag or without the CUDA plugin.
@@ -110,19 +112,23 @@ def entries(ptx: str) -> list[str]:
 
 def loops(ptx: str) -> list[Loop]:
     """Every loop of a PTX module, outermost first within each nest: a branch back to an
-    earlier label closes the loop that label opens."""
+    earlier label closes the loop that label opens (several such branches, one loop; its
+    lines run to the last). Two loops whose lines overlap without nesting (a branch inside a
+    loop whose sides each jump back to a label of their own, as a `lax.cond` in a kernel's
+    loop may compile) are reported apart, each with the lines up to its own branch back: their
+    counts are then approximate, each including some of the other side's lines."""
     lines = ptx.splitlines()
     labels = {}
     for i, line in enumerate(lines):
         found = _LABEL.match(line.strip())
         if found:
             labels[found[1]] = i
-    spans = []
+    last_latch: dict[int, int] = {}  # a loop's header line -> its last branch back to it
     for i, line in enumerate(lines):
         found = _BRANCH.search(line)
         if found and found[1] in labels and labels[found[1]] < i:
-            spans.append((labels[found[1]], i))
-    spans.sort(key=lambda s: (s[0], -s[1]))
+            last_latch[labels[found[1]]] = i  # two branches back to one label: one loop
+    spans = sorted(last_latch.items(), key=lambda s: (s[0], -s[1]))
     out = []
     for start, end in spans:
         inner = [(a, z) for a, z in spans if (a, z) != (start, end) and start <= a and z <= end]
