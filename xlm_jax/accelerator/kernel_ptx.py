@@ -182,7 +182,7 @@ def _count_kernel(dump_dir: str, seen: set[str], bias: str, kernel: str, launch:
     seen.update(new)
     texts = [open(p).read() for p in new if os.path.getsize(p)]
     ptx = next((t for t in texts if name in entries(t)), None)
-    text = kernel_launch_text(launch)
+    text = launch.label()
     if ptx is None:
         return [Row(bias, kernel, text, 0, reason=f"no PTX with the entry {name} in XLA's dump")]
     per_trip = launch.block_q * launch.block_k / (32 * launch.num_warps)
@@ -191,10 +191,6 @@ def _count_kernel(dump_dir: str, seen: set[str], bias: str, kernel: str, launch:
         rows.append(Row(bias, kernel, text, i, loop.depth, loop.instructions,
                         loop.instructions / per_trip, loop.by_kind(), loop.opcodes))
     return rows or [Row(bias, kernel, text, 0, reason="no loop found in its PTX")]
-
-
-def kernel_launch_text(launch: Any) -> str:
-    return f"{launch.block_q}x{launch.block_k}w{launch.num_warps}s{launch.num_stages}"
 
 
 def count(problems: Sequence[Any], target: Any, dump_dir: str, launch_text: str | None
@@ -237,7 +233,7 @@ def count(problems: Sequence[Any], target: Any, dump_dir: str, launch_text: str 
                                        spec(call.do)).lower(
                         lowering_platforms=("cuda",)).compile()
                 except Exception as e:  # noqa: BLE001 - the compiler's message, on one line
-                    rows.append(Row(problem.bias, kernel, kernel_launch_text(launch), 0,
+                    rows.append(Row(problem.bias, kernel, launch.label(), 0,
                                     reason=" ".join(str(e).split())[:200]))
                     continue
                 rows.extend(_count_kernel(dump_dir, seen, problem.bias, kernel, launch))

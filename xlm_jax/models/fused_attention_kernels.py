@@ -21,9 +21,9 @@ except ImportError:  # a jax that has dropped it (see TRITON_MISSING)
     pl_triton = None
 
 from xlm_jax.models import attention_dropout
-from xlm_jax.models.position import relative_position_bucket
 from xlm_jax.models.kernel_launch import (  # noqa: F401 - re-exported
     KERNELS, NUM_STAGES, NUM_WARPS, KernelLaunch, Launch)
+from xlm_jax.models.position import relative_position_bucket
 from xlm_jax.models.token_mask import TokenMask
 
 # Finite stand-in for -inf on masked logits, shared with attention's XLA path: exp(-1e30 - max)
@@ -163,13 +163,13 @@ def _relative_tile(st: _Static, vecs, pos_q: jax.Array, pos_k: jax.Array, bucket
         return (d, jnp.full(shape, n, jnp.int32), (n, n + 1)) if buckets else d
 
     def near(_):
+        distance = pos_k[None, :] - pos_q[:, None]
         limit = st.max_distance
-        index = jnp.clip(pos_k[None, :] - pos_q[:, None], -limit, limit) + limit
+        d = dvec_ref[jnp.clip(distance, -limit, limit) + limit]
         if not buckets:
-            return dvec_ref[index]
-        bucket = relative_position_bucket(pos_k[None, :] - pos_q[:, None], st.num_buckets,
-                                          st.max_distance)
-        return dvec_ref[index], bucket, _bucket_span(bucket)
+            return d
+        bucket = relative_position_bucket(distance, st.num_buckets, st.max_distance)
+        return d, bucket, _bucket_span(bucket)
 
     out = jax.lax.cond(after | before, far, near, n_far)
     return out if buckets else (out, None, None)
